@@ -1,0 +1,60 @@
+"""The one user-facing exception of rolloutcli and its exit codes.
+
+Every problem a user can cause or fix (bad data, bad options, I/O faults, unsafe files) is raised as a
+``RolloutError``. The CLI prints ``str(error)`` as one line on stderr and exits with ``error.exit_code``.
+This module imports nothing heavy (no torch, no h5py) so ``rolloutcli --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+EXIT_OK = 0
+EXIT_BAD_DATA = 1
+EXIT_USAGE = 2
+EXIT_IO = 3
+EXIT_UNSAFE = 4
+EXIT_INTERRUPTED = 130  # SIGINT, as shells report it (128 + 2)
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
+
+
+class RolloutError(Exception):
+    """A problem with the user's data, options or files, with a message that says how to fix it.
+
+    Attributes:
+        exit_code: 1 bad data, 2 usage, 3 I/O fault, 4 refused as unsafe.
+        problems: the individual problems (one line each) when several were found at once.
+    """
+
+    def __init__(self, message: str, *, exit_code: int = EXIT_BAD_DATA, problems: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.problems = list(problems) or [message]
+
+    @classmethod
+    def field(
+        cls,
+        path: object,
+        field: str,
+        expected: str,
+        found: str,
+        fix: str = "",
+        *,
+        exit_code: int = EXIT_BAD_DATA,
+    ) -> RolloutError:
+        """Build the standard message: ``<file>: field '<f>': expected <x>, found <y>. <fix>``."""
+        return cls(problem_line(path, field, expected, found, fix), exit_code=exit_code)
+
+    @classmethod
+    def many(cls, path: object, problems: list[str], *, exit_code: int = EXIT_BAD_DATA) -> RolloutError:
+        """Report several problems of one file at once, joined on one line with ``; ``."""
+        if len(problems) == 1:
+            return cls(problems[0], exit_code=exit_code)
+        joined = "; ".join(problems)
+        return cls(f"{path}: {len(problems)} problems: {joined}", exit_code=exit_code, problems=problems)
+
+
+def problem_line(path: object, field: str, expected: str, found: str, fix: str = "") -> str:
+    """One problem as a sentence naming the file, the field, what was expected and what was found."""
+    text = f"{path}: field '{field}': expected {expected}, found {found}"
+    return f"{text}. {fix}" if fix else f"{text}."
