@@ -1,0 +1,7 @@
+"""``python -m rolloutcli``."""
+
+import sys
+
+from rolloutcli.cli import main
+
+sys.exit(main())

@@ -1,0 +1,175 @@
+"""The ``rolloutcli`` command line: parse options, call one pipeline function, render its result.
+
+Nothing here computes. Heavy modules (torch, h5py, the pipelines) are imported inside the commands so
+that ``rolloutcli --help`` stays fast. Errors: a ``RolloutError`` is printed as one line on stderr and
+exits with its code (1 bad data, 2 usage, 3 I/O fault, 4 refused as unsafe); Ctrl-C exits 130 and
+SIGTERM 143, after removing temporary outputs; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from rolloutcli.errors import EXIT_INTERRUPTED, EXIT_IO, EXIT_TERMINATED, EXIT_USAGE, RolloutError
+
+app = typer.Typer(
+    name="rolloutcli",
+    help="Turn recorded RL rollouts (HDF5, [T, N, ...]) into training data, matching RSL-RL.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False)
+
+# Options every command shares.
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cpu, cuda or cuda:<i>.")]
+MemoryOpt = Annotated[str, typer.Option("--max-memory", help="Block budget for streaming, e.g. 64K, 256M, 2G.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+ExternalOpt = Annotated[
+    bool,
+    typer.Option("--allow-external", help="Trust soft/external links, external storage and virtual datasets."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")]
+
+
+class RichProgress:
+    """A ``Progress`` that draws a rich bar on stderr (nothing when quiet or not a terminal)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.enabled = not quiet
+        self._bar: Any = None
+        self._task: Any = None
+
+    def start(self, description: str, total: int) -> None:
+        if not self.enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.finish()
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=stderr,
+            transient=True,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(description, total=total)
+
+    def advance(self, amount: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task, amount)
+
+    def finish(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def _version(value: bool) -> None:
+    if value:
+        from rolloutcli import __version__
+
+        print(f"rolloutcli {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Turn recorded RL rollouts (HDF5, [T, N, ...]) into training data, matching RSL-RL.
+
+    Exit codes: 0 ok, 1 bad data, 2 usage, 3 I/O fault, 4 refused as unsafe, 130/143 interrupted.
+    """
+
+
+def _options(device: str, max_memory: str, allow_external: bool) -> Any:
+    from rolloutcli.pipeline.options import RunOptions
+
+    return RunOptions.from_cli(device, max_memory, allow_external)
+
+
+@app.command()
+def inspect(
+    file: Annotated[Path, typer.Argument(help="Rollout file (.h5).")],
+    json_output: JsonOpt = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when the data has problems.")] = False,
+    device: DeviceOpt = "auto",
+    max_memory: MemoryOpt = "1G",
+    allow_external: ExternalOpt = False,
+    debug: DebugOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Show what a rollout file holds: fields, episodes, reward/value statistics, warnings."""
+    from rolloutcli.pipeline.inspect import run_inspect
+    from rolloutcli.render import render_inspect
+
+    report = run_inspect(file, _options(device, max_memory, allow_external), RichProgress(quiet))
+    if json_output:
+        print(json.dumps(report, default=str))
+    else:
+        render_inspect(stdout, report)
+    if strict and report["warnings"]:
+        raise RolloutError(f"{file}: --strict: {len(report['warnings'])} warnings (listed above).")
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(EXIT_TERMINATED)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the app and map every outcome to an exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    code = 0
+    try:
+        result = app(args=args, prog_name="rolloutcli", standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except RolloutError as error:
+        if debug:
+            traceback.print_exc()
+        stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+        code = error.exit_code
+    except typer.Exit as done:
+        code = done.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        stderr.print("interrupted: no output was written (temporary files removed).")
+        code = EXIT_INTERRUPTED
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+        if code == EXIT_TERMINATED:
+            stderr.print("terminated: no output was written (temporary files removed).")
+    except Exception as other:
+        if not (hasattr(other, "show") and hasattr(other, "exit_code")):
+            raise
+        other.show(file=sys.stderr)  # a usage error from the option parser (click, vendored or not)
+        code = EXIT_USAGE if other.exit_code == 2 else other.exit_code
+    except MemoryError:
+        stderr.print("error: out of memory; lower --max-memory.")
+        code = EXIT_IO
+    finally:
+        from rolloutcli.hdf5.atomic import remove_live_temporaries
+
+        remove_live_temporaries()
+    return code
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The numbers ``inspect`` shows, computed blockwise and merged, as plain data.
+
+Every accumulator here can be built from one env block and merged with another (``merge``), so a file
+larger than memory is summarised block by block with the same result as a single pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Moments:
+    """Streaming count/mean/M2/min/max of the finite values, plus the count of non-finite ones.
+
+    Merged with Chan et al.'s parallel update: ``delta = mean_b - mean_a``,
+    ``mean = mean_a + delta * n_b / n``, ``M2 = M2_a + M2_b + delta^2 * n_a * n_b / n`` (float64).
+    """
+
+    count: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    minimum: float = math.inf
+    maximum: float = -math.inf
+    nonfinite: int = 0
+
+    @classmethod
+    def of(cls, values: torch.Tensor) -> Moments:
+        """Moments of one block (any shape)."""
+        flat = values.reshape(-1).to(torch.float64)
+        finite = torch.isfinite(flat)
+        kept = flat[finite]
+        count = int(kept.numel())
+        if count == 0:
+            return cls(nonfinite=int(flat.numel()))
+        mean = float(kept.mean())
+        return cls(
+            count,
+            mean,
+            float(((kept - mean) ** 2).sum()),
+            float(kept.min()),
+            float(kept.max()),
+            int(flat.numel()) - count,
+        )
+
+    def merge(self, other: Moments) -> Moments:
+        if other.count == 0:
+            return Moments(self.count, self.mean, self.m2, self.minimum, self.maximum, self.nonfinite + other.nonfinite)
+        if self.count == 0:
+            return Moments(
+                other.count, other.mean, other.m2, other.minimum, other.maximum, self.nonfinite + other.nonfinite
+            )
+        count = self.count + other.count
+        delta = other.mean - self.mean
+        return Moments(
+            count,
+            self.mean + delta * other.count / count,
+            self.m2 + other.m2 + delta * delta * self.count * other.count / count,
+            min(self.minimum, other.minimum),
+            max(self.maximum, other.maximum),
+            self.nonfinite + other.nonfinite,
+        )
+
+    @property
+    def std(self) -> float:
+        """Unbiased standard deviation (as torch's ``std``)."""
+        return math.sqrt(self.m2 / (self.count - 1)) if self.count > 1 else 0.0
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        empty = self.count == 0
+        return {
+            "count": self.count,
+            "mean": None if empty else self.mean,
+            "std": None if empty else self.std,
+            "min": None if empty else self.minimum,
+            "max": None if empty else self.maximum,
+            "nonfinite": self.nonfinite,
+        }
+
+
+@dataclass
+class EpisodeStats:
+    """Episode-end statistics of a ``[T, N]`` dones tensor, mergeable over env blocks.
+
+    Attributes:
+        T: steps per env.
+        length_counts: ``[T + 1]`` int64, ``length_counts[L]`` = fully observed completed episodes of
+            length L (the episode's first step follows a done inside the recording).
+        completed: episodes that ended inside the recording (= number of dones).
+        terminations / time_outs: completed episodes split by cause (time_outs = truncations).
+        first_completed: completed episodes whose start precedes the recording (first of their env).
+        unfinished: envs whose last episode is still running at T-1.
+        per_env: ``[N]`` completed episodes per env (in env order).
+        trajectories: trajectories RSL-RL's split produces (dones with the last step forced to 1).
+    """
+
+    T: int
+    length_counts: torch.Tensor
+    completed: int = 0
+    terminations: int = 0
+    time_outs: int = 0
+    first_completed: int = 0
+    unfinished: int = 0
+    per_env: list[int] = field(default_factory=list)
+    trajectories: int = 0
+
+    @classmethod
+    def of(cls, dones: torch.Tensor, time_outs: torch.Tensor | None = None) -> EpisodeStats:
+        """Statistics of one env block; ``dones``/``time_outs`` ``[T, n]`` 0/1."""
+        T, n = dones.shape
+        ended = dones.to(torch.bool)
+        per_env = ended.sum(dim=0)
+        completed = int(per_env.sum())
+        timeouts = int((ended & time_outs.to(torch.bool)).sum()) if time_outs is not None else 0
+        # Episode lengths: positions of dones per env (env-major), differences between consecutive ones.
+        env_index, step_index = ended.t().nonzero(as_tuple=True)
+        first_of_env = torch.ones_like(env_index, dtype=torch.bool)
+        first_of_env[1:] = env_index[1:] != env_index[:-1]
+        previous = torch.empty_like(step_index)
+        previous[1:] = step_index[:-1]
+        lengths = (step_index - previous)[~first_of_env]  # episodes whose start lies in the recording
+        counts = torch.bincount(lengths, minlength=T + 1)[: T + 1].to(torch.int64)
+        last_done = ended[-1]
+        return cls(
+            T,
+            counts,
+            completed,
+            completed - timeouts,
+            timeouts,
+            int(first_of_env.sum()),
+            int((~last_done).sum()),
+            per_env.tolist(),
+            int(ended[:-1].sum()) + n,
+        )
+
+    def merge(self, other: EpisodeStats) -> EpisodeStats:
+        return EpisodeStats(
+            self.T,
+            self.length_counts + other.length_counts,
+            self.completed + other.completed,
+            self.terminations + other.terminations,
+            self.time_outs + other.time_outs,
+            self.first_completed + other.first_completed,
+            self.unfinished + other.unfinished,
+            self.per_env + other.per_env,
+            self.trajectories + other.trajectories,
+        )
+
+    def length_summary(self, percentiles: tuple[int, ...] = (5, 25, 50, 75, 95)) -> dict[str, float | int | None]:
+        """Min/mean/percentiles/max of fully observed episode lengths (exact, from the counts)."""
+        counts = self.length_counts
+        total = int(counts.sum())
+        if total == 0:
+            return {"count": 0, "min": None, "mean": None, "max": None, **{f"p{p}": None for p in percentiles}}
+        lengths = torch.arange(counts.numel(), dtype=torch.float64)
+        cumulative = counts.cumsum(0)
+        present = counts.nonzero().reshape(-1)
+        summary: dict[str, float | int | None] = {
+            "count": total,
+            "min": int(present[0]),
+            "mean": float((lengths * counts).sum() / total),
+            "max": int(present[-1]),
+        }
+        for p in percentiles:
+            # nearest-rank percentile: smallest L with at least ceil(p/100 * total) episodes <= L
+            rank = max(1, math.ceil(p / 100 * total))
+            summary[f"p{p}"] = int(torch.searchsorted(cumulative, torch.tensor(rank)))
+        return summary
+
+    def histogram(self, bins: int = 10) -> list[dict[str, int]]:
+        """Equal-width bins ``[lo, hi]`` of fully observed episode lengths with their counts."""
+        counts = self.length_counts
+        present = counts.nonzero().reshape(-1)
+        if present.numel() == 0:
+            return []
+        lo, hi = int(present[0]), int(present[-1])
+        width = max(1, math.ceil((hi - lo + 1) / bins))
+        result = []
+        for start in range(lo, hi + 1, width):
+            stop = min(start + width - 1, hi)
+            result.append({"from": start, "to": stop, "count": int(counts[start : stop + 1].sum())})
+        return result

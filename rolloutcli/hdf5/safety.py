@@ -1,0 +1,241 @@
+"""Open untrusted HDF5 files safely: read-only, regular files only, audited before any data is read.
+
+HDF5 can read other files on disk through external links, soft links (which can alias anything),
+external raw storage and virtual datasets; unknown filter ids make libhdf5 load plugin code; a tiny
+file can declare a huge dataset or chunk; a filtered chunk shorter than its checksum crashes libhdf5.
+``open_hdf5`` walks every link from the root with ``visititems_links`` (``visititems`` skips soft and
+external links) and checks each dataset's layout *before* any dataset is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+
+from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_UNSAFE, RolloutError
+
+# gzip 1, shuffle 2, fletcher32 3, scaleoffset 6, lzf 32000: built into h5py, no plugin search.
+ALLOWED_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 6: "scaleoffset", 32000: "lzf"}
+DEFAULT_MAX_DATASET_BYTES = 1 << 40  # 1 TiB declared: larger is a hostile or corrupt header
+DEFAULT_MAX_CHUNK_BYTES = 1 << 30  # one chunk is decompressed whole: a 1 GiB chunk is absurd here
+FLETCHER32_BYTES = 4  # a fletcher32 chunk shorter than its checksum crashes libhdf5 when read
+
+# Operating-system faults (as opposed to corrupt content) that h5py reports with an errno.
+_SYSTEM_IO_ERRNOS = {errno.EIO, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EROFS, errno.EFBIG, errno.EMFILE}
+
+# HDF5 raises many exception types for corrupt or hostile files.
+HDF5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError, SystemError, IndexError, AttributeError)
+
+
+@dataclass(frozen=True)
+class SafetyOptions:
+    """What the audit allows.
+
+    Attributes:
+        allow_external: follow soft/external links, external raw storage and virtual datasets.
+        max_dataset_bytes: largest declared (uncompressed) size of one dataset.
+        max_chunk_bytes: largest uncompressed chunk.
+    """
+
+    allow_external: bool = False
+    max_dataset_bytes: int = DEFAULT_MAX_DATASET_BYTES
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
+
+
+def translate_hdf5_error(path: Path | str, exc: BaseException, field: str | None = None) -> RolloutError:
+    """Turn any libhdf5/h5py exception into a one-line ``RolloutError`` naming file and field."""
+    text = str(exc)
+    where = f"{path}: field '{field}'" if field else f"{path}"
+    if "file signature not found" in text:
+        return RolloutError(
+            f"{where}: not an HDF5 file (file signature not found). rolloutcli reads HDF5 rollout files; "
+            "check the path.",
+            exit_code=EXIT_BAD_DATA,
+        )
+    if "truncated file" in text:
+        return RolloutError(
+            f"{where}: the file is truncated (shorter than its header says). Copy it again from the source.",
+            exit_code=EXIT_BAD_DATA,
+        )
+    if "already open for write" in text or "file is already open" in text:
+        return RolloutError(
+            f"{where}: the file is marked as open for writing (a writer crashed or is still running). "
+            "If no program is writing it, run 'h5clear -s' on it.",
+            exit_code=EXIT_IO,
+        )
+    if "unable to lock file" in text:
+        return RolloutError(
+            f"{where}: the file is locked by another process. Wait for the writer to finish and try again.",
+            exit_code=EXIT_IO,
+        )
+    if isinstance(exc, PermissionError) or "Permission denied" in text:
+        return RolloutError(f"{where}: permission denied. Check the file's permissions.", exit_code=EXIT_IO)
+    if isinstance(exc, MemoryError):
+        return RolloutError(f"{where}: out of memory. Lower --max-memory.", exit_code=EXIT_IO)
+    if isinstance(exc, OSError) and exc.errno in _SYSTEM_IO_ERRNOS:
+        return RolloutError(f"{where}: I/O error: {exc.strerror or text}.", exit_code=EXIT_IO)
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return RolloutError(
+        f"{where}: data unreadable, file corrupt ({first}). Re-export the file from its source.",
+        exit_code=EXIT_BAD_DATA,
+    )
+
+
+def check_regular_file(path: Path) -> None:
+    """Require an existing regular file (a FIFO or device as input would hang or flood)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError as exc:
+        raise RolloutError(f"{path}: no such file. Check the path.", exit_code=EXIT_IO) from exc
+    except OSError as exc:
+        raise RolloutError(f"{path}: cannot stat the file: {exc.strerror}.", exit_code=EXIT_IO) from exc
+    if stat.S_ISDIR(info.st_mode):
+        raise RolloutError(f"{path}: is a folder, expected an HDF5 file.", exit_code=EXIT_IO)
+    if not stat.S_ISREG(info.st_mode):
+        raise RolloutError(
+            f"{path}: not a regular file (a FIFO, socket or device); refusing to read it. "
+            "Copy the data into a regular .h5 file.",
+            exit_code=EXIT_UNSAFE,
+        )
+
+
+def _filter_ids(dataset: h5py.Dataset) -> list[int]:
+    plist = dataset.id.get_create_plist()
+    return [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+
+
+def audit_dataset(path: Path, name: str, dataset: h5py.Dataset, options: SafetyOptions) -> list[str]:
+    """Problems that make reading ``dataset`` unsafe (empty list when it is safe)."""
+    unsafe: list[str] = []
+    allow = options.allow_external
+    if not allow and dataset.external:
+        unsafe.append(
+            f"{path}: field '{name}': expected data stored in the file, found external raw storage "
+            f"in another file; refusing to read outside the file. Pass --allow-external to trust it."
+        )
+        return unsafe
+    if not allow and dataset.is_virtual:
+        unsafe.append(
+            f"{path}: field '{name}': expected data stored in the file, found a virtual dataset "
+            f"that reads other files; refusing. Pass --allow-external to trust it."
+        )
+        return unsafe
+    if dataset.dtype.kind not in "biufcSUOV":
+        return unsafe
+    itemsize = dataset.dtype.itemsize
+    declared = math.prod(dataset.shape or ()) * itemsize  # math.prod is exact; np.prod overflows
+    if declared > options.max_dataset_bytes:
+        unsafe.append(
+            f"{path}: field '{name}': expected at most {options.max_dataset_bytes} bytes, found a "
+            f"declared size of {declared} bytes (shape {tuple(dataset.shape)}); refusing to read it."
+        )
+        return unsafe
+    for filter_id in _filter_ids(dataset):
+        if filter_id not in ALLOWED_FILTERS:
+            unsafe.append(
+                f"{path}: field '{name}': expected filters gzip/shuffle/fletcher32/lzf/scaleoffset, "
+                f"found unknown filter id {filter_id}; refusing (it would load plugin code). "
+                "Re-save the file with a standard filter."
+            )
+            return unsafe
+    if dataset.chunks is not None:
+        chunk_bytes = math.prod(dataset.chunks) * itemsize
+        if chunk_bytes > options.max_chunk_bytes:
+            unsafe.append(
+                f"{path}: field '{name}': expected chunks of at most {options.max_chunk_bytes} bytes, "
+                f"found chunks of {chunk_bytes} bytes ({dataset.chunks}); refusing (decompression "
+                "bomb). Re-save with smaller chunks."
+            )
+            return unsafe
+        if _filter_ids(dataset):
+            short = _shortest_chunk(dataset)
+            if short is not None and short < FLETCHER32_BYTES:
+                unsafe.append(
+                    f"{path}: field '{name}': expected filtered chunks of at least {FLETCHER32_BYTES} "
+                    f"bytes, found a stored chunk of {short} bytes; the file is corrupt."
+                )
+    return unsafe
+
+
+def _shortest_chunk(dataset: h5py.Dataset) -> int | None:
+    """Smallest stored (compressed) chunk size in bytes, None when no chunk is allocated."""
+    sizes: list[int] = []
+    smallest: list[int | None] = [None]
+
+    def visit(info: h5py.h5d.StoreInfo) -> None:
+        current = smallest[0]
+        if current is None or info.size < current:
+            smallest[0] = info.size
+
+    try:
+        dataset.id.chunk_iter(visit)
+    except AttributeError:  # older libhdf5 without H5Dchunk_iter
+        for index in range(dataset.id.get_num_chunks()):
+            sizes.append(dataset.id.get_chunk_info(index).size)
+        return min(sizes) if sizes else None
+    return smallest[0]
+
+
+def audit_file(path: Path, handle: h5py.File, options: SafetyOptions) -> None:
+    """Walk every link from the root; raise ``RolloutError`` (exit 4) listing every unsafe object."""
+    unsafe: list[str] = []
+    datasets: list[str] = []
+
+    def visit(name: str, link: h5py.HardLink | h5py.SoftLink | h5py.ExternalLink) -> None:
+        if isinstance(link, h5py.ExternalLink):
+            if not options.allow_external:
+                unsafe.append(
+                    f"{path}: field '{name}': expected data inside the file, found an external link "
+                    f"to another file; refusing to follow it. Pass --allow-external to trust it."
+                )
+        elif isinstance(link, h5py.SoftLink):
+            if not options.allow_external:
+                unsafe.append(
+                    f"{path}: field '{name}': expected a dataset or group, found a soft link to "
+                    f"'{link.path}'; refusing to follow it. Pass --allow-external to trust it."
+                )
+        else:
+            datasets.append(name)
+
+    handle.visititems_links(visit)
+    if unsafe:
+        raise RolloutError.many(path, unsafe, exit_code=EXIT_UNSAFE)
+    for name in datasets:
+        # Only hard links remain here, so opening them cannot leave the file.
+        obj = handle.get(name, getlink=False)
+        if isinstance(obj, h5py.Dataset):
+            unsafe.extend(audit_dataset(path, name, obj, options))
+    if unsafe:
+        raise RolloutError.many(path, unsafe, exit_code=EXIT_UNSAFE)
+
+
+@contextlib.contextmanager
+def open_hdf5(path: Path | str, options: SafetyOptions | None = None) -> Iterator[h5py.File]:
+    """Open ``path`` read-only after checking it is a regular file, and audit it before yielding.
+
+    Every HDF5 exception raised while opening or auditing becomes a ``RolloutError``.
+    """
+    path = Path(path)
+    options = options or SafetyOptions()
+    check_regular_file(path)
+    try:
+        handle = h5py.File(path, "r")
+    except HDF5_ERRORS as exc:
+        raise translate_hdf5_error(path, exc) from exc
+    try:
+        try:
+            audit_file(path, handle, options)
+        except HDF5_ERRORS as exc:
+            raise translate_hdf5_error(path, exc) from exc
+        yield handle
+    finally:
+        with contextlib.suppress(*HDF5_ERRORS):
+            handle.close()

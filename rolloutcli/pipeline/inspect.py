@@ -1,0 +1,152 @@
+"""``rolloutcli inspect``: what a person needs to trust a rollout file before training on it.
+
+Streams env blocks (``--max-memory``) so a file larger than memory can be inspected. Returns plain data
+(a JSON-able dict, schema documented in the README); the CLI renders it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rolloutcli.core.stats import EpisodeStats, Moments
+from rolloutcli.errors import RolloutError
+from rolloutcli.hdf5.reader import RolloutReader
+from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.progress import NoProgress, Progress
+
+BLOWUP_WARNING = 10.0  # padded size / input size above which split warns
+GAE_ATTRS = ("gae_gamma", "gae_lambda", "advantages_normalized", "timeouts_bootstrapped", "last_values_mode")
+MOMENT_FIELDS = ("rewards", "values", "last_values", "advantages", "returns")
+
+
+def padded_split_bytes(reader: RolloutReader, trajectories: int) -> tuple[int, int]:
+    """(input bytes, padded bytes) of the per-step fields RSL-RL's split would pad to ``[T, M, ...]``."""
+    schema = reader.schema
+    per_step = [schema.fields[n] for n in schema.per_step_names()]
+    input_bytes = sum(spec.nbytes for spec in per_step)
+    padded = sum(spec.bytes_per_env() * trajectories for spec in per_step) + schema.T * trajectories
+    return input_bytes, padded
+
+
+def hidden_layout(reader: RolloutReader) -> dict[str, dict[str, Any]]:
+    layout = {}
+    for net, paths in reader.schema.hidden.items():
+        shape = reader.schema.fields[paths[0]].shape
+        layout[net] = {
+            "type": "LSTM" if len(paths) == 2 else "GRU",
+            "layers": shape[1],
+            "size": shape[3],
+            "datasets": paths,
+        }
+    return layout
+
+
+def run_inspect(path: Path, options: RunOptions, progress: Progress | None = None) -> dict[str, Any]:
+    """Summarise ``path``; structural problems raise ``RolloutError``, value problems become warnings."""
+    progress = progress or NoProgress()
+    with RolloutReader(path, options.safety, check=False, budget=options.max_memory) as reader:
+        schema = reader.schema
+        warnings: list[str] = []
+        try:
+            reader.check_values()
+        except RolloutError as error:
+            warnings.extend(error.problems)
+        names = [n for n in ("dones", "time_outs", *MOMENT_FIELDS) if n in schema.fields and n != "last_values"]
+        blocks = reader.blocks(names)
+        episodes: EpisodeStats | None = None
+        moments: dict[str, Moments] = {}
+        progress.start("inspect", len(blocks))
+        for start, stop in blocks:
+            dones = reader.tensor("dones", start, stop)
+            time_outs = reader.tensor("time_outs", start, stop) if "time_outs" in schema.fields else None
+            block = EpisodeStats.of(dones, time_outs)
+            episodes = block if episodes is None else episodes.merge(block)
+            for name in MOMENT_FIELDS:
+                if name in schema.fields and name != "last_values":
+                    value = Moments.of(reader.tensor(name, start, stop))
+                    moments[name] = moments[name].merge(value) if name in moments else value
+            progress.advance()
+        progress.finish()
+        if "last_values" in schema.fields:
+            moments["last_values"] = Moments.of(reader.tensor("last_values"))
+        assert episodes is not None
+        input_bytes, padded_bytes = padded_split_bytes(reader, episodes.trajectories)
+        blowup = padded_bytes / max(input_bytes, 1)
+        gae = {k: schema.attrs[k] for k in GAE_ATTRS if k in schema.attrs}
+        warnings.extend(_warnings(reader, blowup, gae))
+        per_env = episodes.per_env
+        return {
+            "file": str(path),
+            "size_bytes": os.path.getsize(path),
+            "format": {"name": schema.attrs.get("rolloutcli_format"), "version": schema.attrs.get("format_version")},
+            "T": schema.T,
+            "N": schema.N,
+            "fields": [
+                {
+                    "name": spec.name,
+                    "role": spec.role,
+                    "shape": list(spec.shape),
+                    "dtype": str(spec.dtype),
+                    "chunks": list(spec.chunks) if spec.chunks else None,
+                    "compression": spec.compression,
+                    "nbytes": spec.nbytes,
+                }
+                for spec in schema.fields.values()
+            ],
+            "observations": dict(schema.observation_keys),
+            "extras": schema.names("extra"),
+            "episodes": {
+                "completed": episodes.completed,
+                "terminations": episodes.terminations,
+                "time_outs": episodes.time_outs,
+                "started_before_recording": episodes.first_completed,
+                "unfinished": episodes.unfinished,
+                "lengths": episodes.length_summary(),
+                "histogram": episodes.histogram(),
+                "per_env": {
+                    "min": min(per_env),
+                    "mean": sum(per_env) / len(per_env),
+                    "max": max(per_env),
+                    "counts": per_env,
+                },
+            },
+            **{name: moments[name].as_dict() if name in moments else None for name in MOMENT_FIELDS},
+            "hidden_states": hidden_layout(reader),
+            "gae": gae or None,
+            "split": {
+                "trajectories": episodes.trajectories,
+                "input_bytes": input_bytes,
+                "padded_bytes": padded_bytes,
+                "blowup": blowup,
+            },
+            "attrs": schema.attrs,
+            "warnings": warnings,
+        }
+
+
+def _warnings(reader: RolloutReader, blowup: float, gae: dict[str, Any]) -> list[str]:
+    schema = reader.schema
+    path = reader.path
+    found = []
+    if "last_values" not in schema.fields:
+        found.append(
+            f"{path}: no 'last_values': gae needs V(s_T) to bootstrap the rollout end; record it, or "
+            "run gae with --last-values zero to treat the end as terminal."
+        )
+    if "values" not in schema.fields:
+        found.append(f"{path}: no 'values': gae cannot run on this file.")
+    if "time_outs" not in schema.fields:
+        found.append(f"{path}: no 'time_outs': truncated episodes cannot be bootstrapped.")
+    if blowup > BLOWUP_WARNING:
+        found.append(
+            f"{path}: split would pad the per-step data {blowup:.1f}x (RSL-RL pads every trajectory to "
+            "T); use split --pad-to longest or --max-length K."
+        )
+    if ("advantages" in schema.fields) != bool(gae):
+        found.append(
+            f"{path}: 'advantages' and the gae attributes disagree (one without the other); "
+            "re-run gae to be sure how they were computed."
+        )
+    return found
