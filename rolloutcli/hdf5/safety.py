@@ -25,7 +25,7 @@ from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_UNSAFE, RolloutError
 # gzip 1, shuffle 2, fletcher32 3, scaleoffset 6, lzf 32000: built into h5py, no plugin search.
 ALLOWED_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 6: "scaleoffset", 32000: "lzf"}
 DEFAULT_MAX_DATASET_BYTES = 1 << 40  # 1 TiB declared: larger is a hostile or corrupt header
-DEFAULT_MAX_CHUNK_BYTES = 1 << 30  # one chunk is decompressed whole: a 1 GiB chunk is absurd here
+DEFAULT_MAX_CHUNK_BYTES = 256 << 20  # a chunk is decompressed whole: over 256 MiB is absurd for a rollout
 FLETCHER32_BYTES = 4  # a fletcher32 chunk shorter than its checksum crashes libhdf5 when read
 
 # Operating-system faults (as opposed to corrupt content) that h5py reports with an errno.

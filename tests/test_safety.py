@@ -1,0 +1,197 @@
+"""Hostile HDF5 files are refused (exit 4) before any data is read, and nothing from outside leaks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from rollout_factory import make_rollout, rollout_arrays, write_rollout
+
+from rolloutcli import RolloutError, RolloutStorage
+
+SECRET = 987654.25  # a value that only exists in the "other" file
+
+
+def _secret_file(tmp_path: Path) -> Path:
+    target = tmp_path / "secret.h5"
+    with h5py.File(target, "w") as handle:
+        handle["data"] = np.full((12, 3), SECRET, np.float32)
+    return target
+
+
+def _with_extra(tmp_path: Path, build) -> Path:  # noqa: ANN001
+    path = make_rollout(tmp_path / "hostile.h5")
+    with h5py.File(path, "a") as handle:
+        build(handle)
+    return path
+
+
+def _external_link(tmp_path: Path) -> Path:
+    target = _secret_file(tmp_path)
+    return _with_extra(tmp_path, lambda h: h.__setitem__("extra_link", h5py.ExternalLink(str(target), "/data")))
+
+
+def _external_link_below_group(tmp_path: Path) -> Path:
+    target = _secret_file(tmp_path)
+
+    def build(handle: h5py.File) -> None:
+        del handle["rewards"]
+        handle.create_group("deep/er")
+        handle["deep/er/link"] = h5py.ExternalLink(str(target), "/data")
+
+    return _with_extra(tmp_path, build)
+
+
+def _external_rewards(tmp_path: Path) -> Path:
+    """``rewards`` itself is an external link: reading it would read the other file."""
+    target = _secret_file(tmp_path)
+
+    def build(handle: h5py.File) -> None:
+        del handle["rewards"]
+        handle["rewards"] = h5py.ExternalLink(str(target), "/data")
+
+    return _with_extra(tmp_path, build)
+
+
+def _soft_link(tmp_path: Path) -> Path:
+    def build(handle: h5py.File) -> None:
+        del handle["rewards"]
+        handle["rewards"] = h5py.SoftLink("/values")
+
+    return _with_extra(tmp_path, build)
+
+
+def _external_raw_storage(tmp_path: Path) -> Path:
+    raw = tmp_path / "raw.bin"
+    np.full((12, 3), SECRET, np.float32).tofile(raw)
+
+    def build(handle: h5py.File) -> None:
+        del handle["rewards"]
+        handle.create_dataset("rewards", shape=(12, 3), dtype=np.float32, external=[(str(raw), 0, 12 * 3 * 4)])
+
+    return _with_extra(tmp_path, build)
+
+
+def _virtual_dataset(tmp_path: Path) -> Path:
+    target = _secret_file(tmp_path)
+
+    def build(handle: h5py.File) -> None:
+        del handle["rewards"]
+        layout = h5py.VirtualLayout(shape=(12, 3), dtype=np.float32)
+        layout[:] = h5py.VirtualSource(str(target), "data", shape=(12, 3))
+        handle.create_virtual_dataset("rewards", layout)
+
+    return _with_extra(tmp_path, build)
+
+
+HOSTILE = {
+    "external link": (_external_link, "field 'extra_link': expected data inside the file, found an external link"),
+    "external link below a group": (_external_link_below_group, "field 'deep/er/link': expected data inside the file"),
+    "external link as a field": (_external_rewards, "field 'rewards': expected data inside the file, found an "
+                                 "external link to another file; refusing to follow it. Pass --allow-external"),
+    "soft link": (_soft_link, "field 'rewards': expected a dataset or group, found a soft link to '/values'"),
+    "external raw storage": (_external_raw_storage, "field 'rewards': expected data stored in the file, found "
+                             "external raw storage in another file; refusing to read outside the file."),
+    "virtual dataset": (_virtual_dataset, "field 'rewards': expected data stored in the file, found a virtual "
+                        "dataset that reads other files; refusing."),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_file_refused_exit_4(tmp_path: Path, cli, case: str) -> None:
+    build, message = HOSTILE[case]
+    path = build(tmp_path)
+    code, out, err = cli("inspect", path)
+    assert code == 4
+    assert out == ""
+    assert message in err
+    assert err.startswith(f"error: {path}: ")
+    assert len(err.strip().splitlines()) == 1
+    assert str(SECRET) not in out + err and "987654" not in out + err
+    code, out, err = cli("inspect", path, "--json")
+    assert code == 4 and out == ""
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_file_refused_by_library(tmp_path: Path, case: str) -> None:
+    path = HOSTILE[case][0](tmp_path)
+    with pytest.raises(RolloutError) as error:
+        RolloutStorage.from_hdf5(path)
+    assert error.value.exit_code == 4
+
+
+def test_allow_external_opts_in(tmp_path: Path) -> None:
+    path = _external_raw_storage(tmp_path)
+    storage = RolloutStorage.from_hdf5(path, allow_external=True)
+    assert float(storage.rewards[0, 0, 0]) == SECRET
+
+
+def test_unknown_filter_refused(tmp_path: Path, cli) -> None:
+    path = make_rollout(tmp_path / "filtered.h5")
+    with h5py.File(path, "a") as handle:
+        del handle["rewards"]
+        # 32001 is blosc: not built into h5py, so HDF5 would search plugin folders for it
+        handle.create_dataset("rewards", shape=(12, 3), dtype=np.float32, chunks=(12, 3),
+                              compression=32001, allow_unknown_filter=True)
+    code, _, err = cli("inspect", path)
+    assert code == 4
+    assert "field 'rewards': expected filters gzip/shuffle/fletcher32/lzf/scaleoffset, found unknown filter id " \
+           "32001" in err
+
+
+def test_huge_declared_shape_refused(tmp_path: Path, cli) -> None:
+    path = make_rollout(tmp_path / "huge.h5")
+    with h5py.File(path, "a") as handle:
+        handle.create_dataset("extra_huge", shape=(2**31, 2**31, 2**31), dtype=np.float32, chunks=(1, 1, 1024))
+    code, _, err = cli("inspect", path)
+    assert code == 4
+    assert "field 'extra_huge': expected at most 1099511627776 bytes, found a declared size of " \
+           f"{(2**31) ** 3 * 4} bytes" in err
+
+
+def test_decompression_bomb_chunk_refused(tmp_path: Path, cli) -> None:
+    path = make_rollout(tmp_path / "bomb.h5")
+    with h5py.File(path, "a") as handle:
+        # one 512 MiB chunk of zeros: a few KB on disk, 512 MiB to decompress on first read
+        handle.create_dataset("observations/bomb", shape=(12, 3, 2**27), dtype=np.float32,
+                              chunks=(1, 1, 2**27), compression="gzip")
+    code, _, err = cli("inspect", path)
+    assert code == 4
+    assert "field 'observations/bomb': expected chunks of at most 268435456 bytes, found chunks of 536870912 " \
+           "bytes ((1, 1, 134217728)); refusing (decompression bomb)." in err
+
+
+def test_fifo_input_refused(tmp_path: Path, cli) -> None:
+    fifo = tmp_path / "pipe.h5"
+    os.mkfifo(fifo)
+    code, _, err = cli("inspect", fifo)
+    assert code == 4
+    assert err.strip() == f"error: {fifo}: not a regular file (a FIFO, socket or device); refusing to read it. " \
+                          "Copy the data into a regular .h5 file."
+
+
+def test_not_hdf5(tmp_path: Path, cli) -> None:
+    path = tmp_path / "text.h5"
+    path.write_text("hello, not HDF5\n" * 100)
+    code, out, err = cli("inspect", path)
+    assert code == 1 and out == ""
+    assert err.strip() == f"error: {path}: not an HDF5 file (file signature not found). rolloutcli reads HDF5 " \
+                          "rollout files; check the path."
+
+
+def test_truncated(tmp_path: Path, cli) -> None:
+    path = write_rollout(tmp_path / "cut.h5", rollout_arrays(T=200, N=8))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    code, _, err = cli("inspect", path)
+    assert code == 1
+    assert "truncated" in err or "corrupt" in err
+
+
+def test_missing_file(tmp_path: Path, cli) -> None:
+    code, _, err = cli("inspect", tmp_path / "nope.h5")
+    assert code == 3
+    assert err.strip() == f"error: {tmp_path / 'nope.h5'}: no such file. Check the path."
