@@ -123,6 +123,16 @@ def test_dones_dtypes_and_trailing_one(done_dtype: torch.dtype, trailing_one: bo
     assert_bits_equal(dones, before)  # the caller's dones are never modified
 
 
+def test_dones_other_than_one_count_as_done() -> None:
+    # RSL-RL finds ends with nonzero(); a 2 or a -1 is a done there, and so here.
+    dones = torch.tensor([[0, 2, 0], [-1, 0, 0], [0, 0, 3], [0, 0, 0]], dtype=torch.int64)
+    x = random_field((4, 3, 2), torch.float32, seed=4)
+    padded, masks = split_and_pad_trajectories(x, dones)
+    expected, expected_masks = rsl_split(x, dones)
+    assert_bits_equal(padded, expected)
+    assert_bits_equal(masks, expected_masks)
+
+
 @pytest.mark.parametrize(
     "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8]
 )

@@ -288,7 +288,10 @@ class CircularBuffer:
         if (self._debug or key.device.type == "cpu") and bool((key < 0).any()):
             raise ValueError(f"Keys count appends back from the newest entry and must be >= 0, got {int(key.min())}.")
         key = key.to(self._device)
-        steps_back = torch.minimum(key, self._num_pushes - 1).clamp_(min=0)
+        # Clamp to the stored history, min(num_pushes, max_len) - 1. (Isaac Lab clamps to num_pushes - 1 only,
+        # so there a key >= max_len wraps around to a newer entry.) Fresh envs get 0: their zeroed slot.
+        stored = self._num_pushes.clamp(max=self._max_len) - 1
+        steps_back = torch.minimum(key, stored).clamp_(min=0)
         slots = torch.remainder(self._pointer - steps_back, self._max_len)
         return storage[slots, self._all_indices]
 
