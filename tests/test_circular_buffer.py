@@ -116,6 +116,33 @@ class BufferMachine(RuleBasedStateMachine):
         got = self.buf[torch.tensor(keys, dtype=dtype)]
         torch.testing.assert_close(got, self.model.read(keys), rtol=0, atol=0)
 
+    @precondition(lambda self: self.model.started and any(self.model.lengths()))
+    @rule(data=st.data())
+    def sample(self, data: st.DataObject) -> None:
+        fetch = data.draw(st.integers(1, self.model.max_len))
+        window = data.draw(st.one_of(st.none(), st.integers(fetch, self.model.max_len + 2)))
+        eligible = {
+            (k, env): queue[-1 - k]
+            for env, queue in enumerate(self.model.history)
+            for k in range(min(window or fetch, len(queue)))
+        }
+        count = min(self.batch * fetch, len(eligible))
+        minis = data.draw(st.integers(1, count))
+        gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+        batches = list(
+            self.buf.mini_batch_generator(fetch, minis, 2, generator=gen, window=window, return_indices=True)
+        )
+        assert len(batches) == 2 * minis
+        for epoch in (batches[:minis], batches[minis:]):
+            sizes = [len(b[0]) for b in epoch]
+            assert sum(sizes) == count and max(sizes) - min(sizes) <= 1
+            drawn = pairs_of(epoch)
+            assert len(set(drawn)) == count and set(drawn) <= set(eligible)
+        assert sorted(pairs_of(batches[:minis])) == sorted(pairs_of(batches[minis:]))  # drawn once per call
+        for values, steps_back, env_ids in batches:
+            expected = [eligible[(k, env)] for k, env in zip(steps_back.tolist(), env_ids.tolist(), strict=True)]
+            torch.testing.assert_close(values, torch.stack(expected), rtol=0, atol=0)
+
     @precondition(lambda self: self.model.started)
     @rule()
     def save_state_and_continue_from_it(self) -> None:
@@ -180,11 +207,12 @@ def test_properties():
     assert "CircularBuffer(max_len=5" in repr(buf)
 
 
-def test_buffer_property_is_a_copy():
-    buf = filled()
+@pytest.mark.parametrize("appends", [4, 6])  # newest entry in the last storage slot, and elsewhere
+def test_buffer_property_is_a_copy(appends):
+    buf = filled(max_len=4, appends=appends)
     view = buf.buffer
     view.zero_()
-    assert buf.buffer.abs().sum() > 0
+    assert buf.buffer[:, :, 0].tolist() == [list(map(float, range(appends - 3, appends + 1)))] * 3
 
 
 def test_errors_before_first_append():

@@ -11,6 +11,8 @@ Semantics (compatible with ``isaaclab.utils.buffers.CircularBuffer``):
   entry, so reads further back than the stored history return the oldest stored entry.
 * ``buffer[key]`` with ``key [batch]`` integers reads in LIFO order: ``key[i] == 0`` is environment ``i``'s
   newest entry, ``k`` is ``k`` appends back, keys beyond the stored history clamp to the oldest stored entry.
+  (Isaac Lab clamps to ``num_pushes - 1`` only, so there a key ``>= max_len`` on a wrapped buffer reads a
+  newer entry; here it reads the oldest stored one, as the documented semantics say.)
   An environment that was reset and not appended to since reads as zeros (its history was zeroed).
 * ``reset(batch_ids)`` zeroes the history of those environments and restarts their count.
 
@@ -126,6 +128,9 @@ class CircularBuffer:
     def buffer(self) -> torch.Tensor:
         """A copy of the whole history, ``[batch, max_length, *entry_shape]``, oldest to newest along dim 1.
 
+        The copy is made in storage layout and returned transposed (not contiguous, as in Isaac Lab); call
+        ``.contiguous()`` if a contiguous tensor is needed.
+
         Slots older than an environment's stored history hold its oldest stored entry (the fill of its first
         append); an environment reset and not appended to since is all zeros.
 
@@ -133,10 +138,10 @@ class CircularBuffer:
             RuntimeError: Nothing has been appended yet.
         """
         storage = self._require_data("read the buffer")
-        order = torch.remainder(
-            torch.arange(1, self._max_len + 1, device=self._device) + self._pointer, self._max_len
-        )  # storage slots, oldest first
-        return storage.transpose(0, 1).index_select(1, order)
+        newest = self._pointer
+        # Storage slots newest+1 .. end are the oldest entries. torch.cat always copies; the transpose is a view
+        # of that copy (as in Isaac Lab), much cheaper than producing a contiguous [batch, max_len] layout.
+        return torch.cat([storage[newest + 1 :], storage[: newest + 1]]).transpose(0, 1)
 
     @property
     def entry_shape(self) -> torch.Size | None:
@@ -293,7 +298,12 @@ class CircularBuffer:
         stored = self._num_pushes.clamp(max=self._max_len) - 1
         steps_back = torch.minimum(key, stored).clamp_(min=0)
         slots = torch.remainder(self._pointer - steps_back, self._max_len)
-        return storage[slots, self._all_indices]
+        return self._gather(storage, slots, self._all_indices)
+
+    def _gather(self, storage: torch.Tensor, slots: torch.Tensor, envs: torch.Tensor) -> torch.Tensor:
+        """``storage[slots, envs]`` for ``[n]`` index tensors, as one ``index_select`` (about 2x faster)."""
+        flat = storage.view(self._max_len * self._batch_size, *storage.shape[2:])
+        return flat.index_select(0, slots * self._batch_size + envs)
 
     def _require_data(self, action: str) -> torch.Tensor:
         if self._buffer is None:
@@ -419,7 +429,7 @@ class CircularBuffer:
         chosen = perm[first_eligible[:count]]
         steps_back = torch.div(chosen, self._batch_size, rounding_mode="floor")
         env_ids = torch.remainder(chosen, self._batch_size)
-        samples = storage[torch.remainder(self._pointer - steps_back, self._max_len), env_ids]
+        samples = self._gather(storage, torch.remainder(self._pointer - steps_back, self._max_len), env_ids)
         return self._epochs(samples, steps_back, env_ids, num_mini_batches, num_epochs, generator, return_indices)
 
     def _epochs(
@@ -443,9 +453,9 @@ class CircularBuffer:
             for start, stop in itertools.pairwise(bounds):
                 pick = order[start:stop]
                 if return_indices:
-                    yield samples[pick], steps_back[pick], env_ids[pick]
+                    yield samples.index_select(0, pick), steps_back[pick], env_ids[pick]
                 else:
-                    yield samples[pick]
+                    yield samples.index_select(0, pick)
 
     # ------------------------------------------------------------------ persistence
 
@@ -505,7 +515,7 @@ class CircularBuffer:
             )
         self._pointer = pointer
         self._num_pushes = num_pushes.to(self._device, dtype=torch.long, copy=True)
-        self._buffer = None if data is None else data.to(self._device, copy=True)
+        self._buffer = None if data is None else data.to(self._device, copy=True).contiguous()
         self._fill = "all" if data is None else "where"
 
     def save(self, path: str | Path, *, overwrite: bool = False) -> None:
