@@ -78,6 +78,10 @@ class RichProgress:
             self._bar.stop()
             self._bar = None
 
+    def warn(self, message: str) -> None:
+        """Warnings are shown even with --quiet: they are about the data, not progress."""
+        stderr.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+
 
 def _version(value: bool) -> None:
     if value:
@@ -127,6 +131,97 @@ def inspect(
         render_inspect(stdout, report)
     if strict and report["warnings"]:
         raise RolloutError(f"{file}: --strict: {len(report['warnings'])} warnings (listed above).")
+
+
+OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Output file (never the input).")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output.")]
+
+
+@app.command()
+def gae(
+    file: Annotated[Path, typer.Argument(help="Rollout file (.h5) with values and last_values.")],
+    output: OutputOpt = None,
+    gamma: Annotated[float, typer.Option("--gamma", help="Discount factor.")] = 0.99,
+    lam: Annotated[float, typer.Option("--lam", help="GAE lambda.")] = 0.95,
+    normalize: Annotated[
+        bool, typer.Option("--normalize/--no-normalize", help="Normalise advantages (mean 0, std 1).")
+    ] = True,
+    bootstrap_timeouts: Annotated[
+        bool | None,
+        typer.Option(
+            "--bootstrap-timeouts/--no-bootstrap-timeouts",
+            help="r += gamma * V * time_out (default: on when time_outs exists; never twice).",
+        ),
+    ] = None,
+    last_values: Annotated[
+        str, typer.Option("--last-values", help="recorded (require the dataset) or zero (end is terminal).")
+    ] = "recorded",
+    in_place: Annotated[bool, typer.Option("--in-place", help="Add the results to FILE itself (atomically).")] = False,
+    overwrite: OverwriteOpt = False,
+    json_output: JsonOpt = False,
+    device: DeviceOpt = "auto",
+    max_memory: MemoryOpt = "1G",
+    allow_external: ExternalOpt = False,
+    debug: DebugOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Compute GAE advantages and returns exactly as RSL-RL does; write FILE + advantages, returns."""
+    from rolloutcli.pipeline.gae import GaeOptions, run_gae
+    from rolloutcli.render import render_gae
+
+    if in_place and output is not None:
+        raise RolloutError("gae: expected either -o OUT.h5 or --in-place, found both.", exit_code=EXIT_USAGE)
+    options = GaeOptions(gamma, lam, normalize, bootstrap_timeouts, last_values)
+    summary = run_gae(
+        file,
+        output,
+        options,
+        _options(device, max_memory, allow_external),
+        overwrite=overwrite,
+        in_place=in_place,
+        progress=RichProgress(quiet),
+    )
+    if json_output:
+        print(json.dumps(summary, default=str))
+    else:
+        render_gae(stdout, summary)
+
+
+@app.command()
+def split(
+    file: Annotated[Path, typer.Argument(help="Rollout file (.h5), or with --unpad a file written by split.")],
+    output: OutputOpt = None,
+    pad_to: Annotated[
+        str, typer.Option("--pad-to", help="rollout (L = T, as RSL-RL) or longest (L = longest trajectory).")
+    ] = "rollout",
+    max_length: Annotated[
+        int | None, typer.Option("--max-length", help="Cut trajectories into segments of at most K steps.")
+    ] = None,
+    unpad: Annotated[bool, typer.Option("--unpad", help="Restore the [T, N, ...] rollout from split output.")] = False,
+    overwrite: OverwriteOpt = False,
+    json_output: JsonOpt = False,
+    device: DeviceOpt = "auto",
+    max_memory: MemoryOpt = "1G",
+    allow_external: ExternalOpt = False,
+    debug: DebugOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Split every per-step field into trajectories at dones, padded as RSL-RL does (or undo it)."""
+    from rolloutcli.pipeline.split import SplitOptions, run_split, run_unpad
+    from rolloutcli.render import render_split
+
+    if output is None:
+        raise RolloutError("split: expected an output path (-o OUT.h5), found none.", exit_code=EXIT_USAGE)
+    run = _options(device, max_memory, allow_external)
+    progress = RichProgress(quiet)
+    if unpad:
+        summary = run_unpad(file, output, run, overwrite=overwrite, progress=progress)
+    else:
+        summary = run_split(file, output, SplitOptions(pad_to, max_length), run, overwrite=overwrite, progress=progress)
+    if json_output:
+        print(json.dumps(summary, default=str))
+    else:
+        render_split(stdout, summary)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:

@@ -95,3 +95,59 @@ def _histogram(console: Console, bins: list[dict[str, int]], width: int = 40) ->
         label = f"{b['from']}-{b['to']}" if b["from"] != b["to"] else f"{b['from']}"
         bar = "█" * max(1 if b["count"] else 0, round(width * b["count"] / peak))
         console.print(f"  {label:>11} | {bar} {b['count']}", markup=False)
+
+
+def _stats_line(name: str, moments: dict[str, Any]) -> str:
+    return (
+        f"{name}: mean {_num(moments['mean'])}  std {_num(moments['std'])}  min {_num(moments['min'])}  "
+        f"max {_num(moments['max'])}  non-finite {moments['nonfinite']}"
+    )
+
+
+def render_gae(console: Console, summary: dict[str, Any]) -> None:
+    """Print a ``gae`` summary: where it went, what was applied, statistics, time."""
+    where = "in place" if summary["in_place"] else f"-> {summary['output']}"
+    console.print(
+        f"gae {summary['input']} {where}  (T={summary['T']}, N={summary['N']}, {summary['blocks']} env block(s))"
+    )
+    bootstrap = (
+        f"{summary['bootstrapped_rewards']} rewards bootstrapped on time-outs"
+        if summary["bootstrapped_by_this_run"]
+        else "rewards were already bootstrapped"
+        if summary["timeouts_bootstrapped"]
+        else "no time-out bootstrapping"
+    )
+    console.print(
+        f"gamma {summary['gamma']}  lambda {summary['lambda']}  normalized {summary['normalized']}  "
+        f"last values: {summary['last_values']}  {bootstrap}"
+    )
+    console.print(_stats_line("advantages", summary["advantages"]))
+    console.print(_stats_line("returns", summary["returns"]))
+    console.print(f"done in {summary['seconds']:.3f} s")
+
+
+def render_split(console: Console, summary: dict[str, Any]) -> None:
+    """Print a ``split`` (or ``split --unpad``) summary."""
+    if "padded_length" not in summary:
+        console.print(
+            f"unpad {summary['input']} -> {summary['output']}: {summary['trajectories']} trajectories "
+            f"back to T={summary['T']} x N={summary['N']} ({len(summary['fields'])} fields) in "
+            f"{summary['seconds']:.3f} s"
+        )
+        return
+    lengths = summary["trajectory_lengths"]
+    console.print(
+        f"split {summary['input']} -> {summary['output']}: {summary['trajectories']} trajectories from "
+        f"N={summary['N']} envs, padded to L={summary['padded_length']} ({summary['pad_to']}"
+        + (f", max length {summary['max_length']}" if summary["max_length"] else "")
+        + ")"
+    )
+    console.print(
+        f"trajectory length: min {lengths['min']}  mean {_num(lengths['mean'])}  median {lengths['p50']}  "
+        f"p95 {lengths['p95']}  max {lengths['max']}"
+    )
+    console.print(
+        f"padding overhead: {_size(summary['padded_bytes'])} from {_size(summary['input_bytes'])} "
+        f"({summary['padding_overhead']:.2f}x)  {len(summary['fields'])} fields, "
+        f"{summary['blocks']} env block(s), {summary['seconds']:.3f} s"
+    )

@@ -183,3 +183,40 @@ class EpisodeStats:
             stop = min(start + width - 1, hi)
             result.append({"from": start, "to": stop, "count": int(counts[start : stop + 1].sum())})
         return result
+
+
+@dataclass
+class EnvMoments:
+    """Per-env ``count``, ``sum`` and centred ``m2`` (float64, ``[N]``), gathered block by block.
+
+    Each env's numbers depend only on that env's column, and the totals are combined with ``math.fsum``
+    (exactly rounded), so the global mean/std are bit-identical whatever the env-block partition.
+    """
+
+    counts: list[torch.Tensor] = field(default_factory=list)
+    sums: list[torch.Tensor] = field(default_factory=list)
+    m2s: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, values: torch.Tensor) -> None:
+        """Add the envs of one block, ``values`` ``[T, n]`` (float)."""
+        column = values.to(torch.float64)
+        T = column.shape[0]
+        sums = column.sum(dim=0)
+        means = sums / T
+        self.counts.append(torch.full_like(sums, T))
+        self.sums.append(sums.cpu())
+        self.m2s.append(((column - means) ** 2).sum(dim=0).cpu())
+
+    def mean_std(self) -> tuple[float, float]:
+        """Global mean and unbiased std (``torch.std`` semantics: ``sqrt(M2 / (n - 1))``)."""
+        counts = torch.cat(self.counts).cpu().double()
+        sums = torch.cat(self.sums)
+        m2s = torch.cat(self.m2s)
+        total = math.fsum(counts.tolist())
+        mean = math.fsum(sums.tolist()) / total
+        env_means = sums / counts
+        spread = (counts * (env_means - mean) ** 2).tolist()
+        m2 = math.fsum(m2s.tolist()) + math.fsum(spread)
+        # one element: torch.std would give NaN (and RSL-RL NaN advantages); 0 normalises it to 0 instead
+        std = math.sqrt(m2 / (total - 1)) if total > 1 else 0.0
+        return mean, std

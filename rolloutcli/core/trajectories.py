@@ -26,6 +26,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 import torch
@@ -68,10 +69,17 @@ class TrajectoryPlan:
     """M, the number of trajectories (columns of the padded layout)."""
     padded_length: int
     """L, the rows of the padded layout."""
-    spans: TrajectorySpans
-    """Env, start and length of each trajectory, ``[M]`` int64 each."""
     index: torch.Tensor
     """``[T * N]`` int64: time-major source row ``t * N + n`` -> row ``l * M + m`` of the padded ``[L * M, ...]``."""
+    flat_start: torch.Tensor
+    """``[M]`` int64: env-major flat step ``n * T + t`` where each trajectory starts."""
+    length: torch.Tensor
+    """``[M]`` int64: valid steps of each trajectory."""
+
+    @cached_property
+    def spans(self) -> TrajectorySpans:
+        """Env, start and length of each trajectory, ``[M]`` int64 each (computed on first use)."""
+        return _spans_from_flat(self.flat_start, self.length, self.num_steps)
 
     @property
     def device(self) -> torch.device:
@@ -81,7 +89,7 @@ class TrajectoryPlan:
     def masks(self) -> torch.Tensor:
         """``[L, M]`` bool, True on valid steps: ``masks[l, m] = l < length[m]`` (RSL-RL's trajectory masks)."""
         rows = torch.arange(self.padded_length, device=self.index.device).unsqueeze(1)
-        return self.spans.length.unsqueeze(0) > rows
+        return torch.lt(rows, self.length)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -100,30 +108,34 @@ def _done_flags(dones: torch.Tensor) -> torch.Tensor:
     return dones != 0 if dones.dtype != torch.bool else dones
 
 
-def _trajectory_starts(done: torch.Tensor, max_length: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat env-major start row ``n * T + t`` and length of every trajectory, both ``[M]`` int64.
+def _trajectory_starts(done: torch.Tensor, max_length: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Start flags ``[T * N]`` bool, flat start row ``n * T + t`` ``[M]`` and length ``[M]`` of every trajectory.
 
     ::
 
-        done [T, N]          start flags [N, T] (env-major)       flat starts (nonzero of the flags)
-        t\\n  0  1            n\\t  0  1  2  3  4  5
-        0    .  .            0    S  .  .  .  S  .             [0, 4, 6, 8, 11]
-        ...                  1    S  .  S  .  .  S
+        done [T, N]         start flags [N, T] (env-major) + 1 spare    nonzero: starts + end of the last one
+        t\\n  0  1           n\\t  0  1  2  3  4  5
+        0    .  .           0    S  .  .  .  S  .                       [0, 4, 6, 8, 11, 12]
+        1    .  D           1    S  .  S  .  .  S   | S                 length = diff = [4, 2, 2, 3, 1]
+        3    D  .
+        4    .  D
 
     A trajectory starts at t = 0 of every env and after every done; the env's last step always closes it
     because the next env's t = 0 starts a new one (RSL-RL's ``dones[-1] = 1``).
     """
     num_steps, num_envs = done.shape
     total = num_steps * num_envs
-    flags = torch.empty((num_envs, num_steps), dtype=torch.bool, device=done.device)
-    flags[:, 0] = True
-    flags[:, 1:] = done[:-1].t()
+    # Env-major [N, T] flags shifted by one step, with one spare True after the last step so that nonzero also
+    # yields the end of the last trajectory. Two constant_pad_nd (F.pad without its Python layer): the fewest
+    # ops, which is what counts for small rollouts.
+    flags = torch.constant_pad_nd(done[:-1].t(), (1, 0), True).reshape(-1)
+    bound_flags = torch.constant_pad_nd(flags, (0, 1), True)
     # The one sync every plan needs: M sizes every output.
-    flat_start = flags.view(-1).nonzero().squeeze(1)
-    end = torch.full((1,), total, dtype=torch.int64, device=done.device)
-    length = torch.diff(flat_start, append=end)
+    bounds = bound_flags.nonzero().squeeze(1)
+    flat_start = bounds[:-1]
+    length = bounds[1:] - flat_start
     if max_length is None:
-        return flat_start, length
+        return flags, flat_start, length
     # Cut each trajectory into ceil(length / K) segments; O(M) work instead of a pass over all T * N steps.
     pieces = torch.div(length + (max_length - 1), max_length, rounding_mode="floor")
     first_piece = torch.cumsum(pieces, 0) - pieces
@@ -134,12 +146,13 @@ def _trajectory_starts(done: torch.Tensor, max_length: int | None) -> tuple[torc
     offset = (torch.arange(num_pieces, device=done.device) - first_piece[parent]) * max_length
     seg_start = flat_start[parent] + offset
     seg_length = torch.clamp(length[parent] - offset, max=max_length)
-    return seg_start, seg_length
+    seg_flags = torch.zeros(total, dtype=torch.bool, device=done.device).index_fill_(0, seg_start, True)
+    return seg_flags, seg_start, seg_length
 
 
 def _spans_from_flat(flat_start: torch.Tensor, length: torch.Tensor, num_steps: int) -> TrajectorySpans:
     env = torch.div(flat_start, num_steps, rounding_mode="floor")
-    return TrajectorySpans(env=env, start=flat_start - env * num_steps, length=length)
+    return TrajectorySpans(env=env, start=torch.remainder(flat_start, num_steps), length=length)
 
 
 def _check_max_length(max_length: int | None) -> None:
@@ -161,28 +174,32 @@ def trajectory_spans(dones: torch.Tensor, max_length: int | None = None) -> Traj
     """
     _check_max_length(max_length)
     done = _done_flags(dones)
-    flat_start, length = _trajectory_starts(done, max_length)
+    _, flat_start, length = _trajectory_starts(done, max_length)
     return _spans_from_flat(flat_start, length, done.shape[0])
 
 
-def _padded_index(flat_start: torch.Tensor, length: torch.Tensor, num_steps: int, num_envs: int) -> torch.Tensor:
+def _padded_index(flags: torch.Tensor, flat_start: torch.Tensor, num_steps: int, num_envs: int) -> torch.Tensor:
     """``[T * N]`` int64: time-major source row ``t * N + n`` -> padded flat row ``l * M + m``.
 
     ::
 
-        env-major step e = n * T + t    trajectory m = (number of starts <= e) - 1    position l = e - start[m]
+        env-major step e = n * T + t    trajectory m = cumsum(start flags)[e] - 1    position l = e - start[m]
         index[e] = l * M + m            then [N, T] -> [T, N] so that it is read in the source's time-major order
+
+    Args:
+        flags: ``[T * N]`` bool, True at the env-major step where a trajectory starts.
+        flat_start: ``[M]`` int64, those steps in order.
     """
-    device = flat_start.device
     total = num_steps * num_envs
-    num_traj = flat_start.numel()
-    # Trajectory of each env-major step; repeat_interleave with output_size runs without a sync.
-    traj = torch.repeat_interleave(torch.arange(num_traj, device=device), length, output_size=total)
-    step = torch.arange(total, device=device)
-    pos = step - flat_start[traj]
-    index = pos.mul_(num_traj).add_(traj)
-    # Time-major so the scatter reads the [T, N, ...] source in memory order.
-    return index.view(num_envs, num_steps).t().contiguous().view(-1)
+    if num_steps == 1:
+        return torch.arange(total, device=flags.device)  # every step is a trajectory of its own: l = 0, m = n
+    traj = torch.cumsum(flags, 0).sub_(1)
+    pos = torch.arange(total, device=flags.device).sub_(flat_start.index_select(0, traj))
+    index = traj.add_(pos, alpha=flat_start.numel())
+    if num_envs > 1:
+        # Time-major, so that the scatter reads the [T, N, ...] source in memory order.
+        index = index.view(num_envs, num_steps).t().contiguous().view(-1)
+    return index
 
 
 def _resolve_rows(pad_to: PadTo, num_steps: int, length: torch.Tensor, max_length: int | None) -> int:
@@ -217,15 +234,16 @@ def plan_trajectories(
     _check_max_length(max_length)
     done = _done_flags(dones)
     num_steps, num_envs = done.shape
-    flat_start, length = _trajectory_starts(done, max_length)
+    flags, flat_start, length = _trajectory_starts(done, max_length)
     rows = _resolve_rows(pad_to, num_steps, length, max_length)
     return TrajectoryPlan(
         num_steps=num_steps,
         num_envs=num_envs,
         num_trajectories=flat_start.numel(),
         padded_length=rows,
-        spans=_spans_from_flat(flat_start, length, num_steps),
-        index=_padded_index(flat_start, length, num_steps, num_envs),
+        index=_padded_index(flags, flat_start, num_steps, num_envs),
+        flat_start=flat_start,
+        length=length,
     )
 
 
@@ -252,6 +270,16 @@ def _wide_rows(rows: torch.Tensor) -> torch.Tensor:
         if as_bytes.shape[1] % size == 0 and as_bytes.stride(0) % size == 0 and as_bytes.data_ptr() % size == 0:
             return as_bytes.view(wide)
     return as_bytes
+
+
+def _same_width_rows(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``src`` and ``dst`` rows as one common wide element type, or unchanged when they have none."""
+    if dst.numel() * dst.element_size() < 65536:
+        return src, dst  # small copies gain nothing and would pay the Python overhead
+    wide_src, wide_dst = _wide_rows(src), _wide_rows(dst)
+    if wide_src.dtype == wide_dst.dtype and wide_src.shape[1] == wide_dst.shape[1]:
+        return wide_src, wide_dst
+    return src, dst
 
 
 def _check_field(x: torch.Tensor, plan: TrajectoryPlan) -> None:
@@ -298,11 +326,9 @@ def scatter_into_trajectories(
             out.zero_()
     if out.numel() == 0:
         return out
-    src = _wide_rows(x.reshape(plan.num_steps * plan.num_envs, -1))
-    dst = _wide_rows(out.view(plan.padded_length * plan.num_trajectories, -1))
-    if src.dtype != dst.dtype:  # a strided source kept its own dtype: copy with the plain element type
-        src = x.reshape(plan.num_steps * plan.num_envs, -1)
-        dst = out.view(plan.padded_length * plan.num_trajectories, -1)
+    src, dst = _same_width_rows(
+        x.reshape(plan.num_steps * plan.num_envs, -1), out.view(plan.padded_length * plan.num_trajectories, -1)
+    )
     dst.index_copy_(0, plan.index, src)
     return out
 
@@ -316,7 +342,7 @@ def clear_trajectories(out: torch.Tensor, plan: TrajectoryPlan) -> torch.Tensor:
     if out.numel() == 0:
         return out
     rows = out.view(plan.padded_length * plan.num_trajectories, -1)
-    _wide_rows(rows).index_fill_(0, plan.index, 0)
+    (_wide_rows(rows) if rows.numel() * rows.element_size() >= 65536 else rows).index_fill_(0, plan.index, 0)
     return out
 
 
@@ -361,10 +387,7 @@ def gather_from_trajectories(
 
 def _gather_rows(src_rows: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
     """``out.view(len(index), -1)[i] = src_rows[index[i]]`` through ``index_select(out=)`` (no temporary)."""
-    dst = out.view(index.numel(), -1)
-    wide_src, wide_dst = _wide_rows(src_rows), _wide_rows(dst)
-    if wide_src.dtype == wide_dst.dtype:
-        src_rows, dst = wide_src, wide_dst
+    src_rows, dst = _same_width_rows(src_rows, out.view(index.numel(), -1))
     torch.index_select(src_rows, 0, index, out=dst)
 
 
@@ -386,7 +409,8 @@ def unpad_with_spans(padded: Fields, spans: TrajectorySpans, num_steps: int, num
             f"spans cover {total} steps (longest {longest}) but the rollout has {num_steps * num_envs} steps "
             f"and the padded layout {rows} rows"
         )
-    index = _padded_index(flat_start, spans.length, num_steps, num_envs)
+    flags = torch.zeros(num_steps * num_envs, dtype=torch.bool, device=flat_start.device)
+    index = _padded_index(flags.index_fill_(0, flat_start, True), flat_start, num_steps, num_envs)
     return _map_fields(padded, lambda x: _unpad_rows(x, index, num_steps, num_envs), (num_steps, num_envs))
 
 
@@ -465,7 +489,9 @@ def split_and_pad_trajectories(
         ``(padded [L, M, ...], masks [L, M] bool)``.
     """
     leaf = _first_leaf(tensor)
-    plan = plan_trajectories(dones.to(leaf.device), pad_to=pad_to, max_length=max_length)
+    if dones.device != leaf.device:
+        dones = dones.to(leaf.device)
+    plan = plan_trajectories(dones, pad_to=pad_to, max_length=max_length)
     padded = _map_fields(
         tensor, lambda x: scatter_into_trajectories(x, plan), (plan.padded_length, plan.num_trajectories)
     )

@@ -47,13 +47,16 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def check_output_path(dst: Path, inputs: Sequence[Path], *, overwrite: bool, kind: str = "file") -> None:
+def check_output_path(
+    dst: Path, inputs: Sequence[Path], *, overwrite: bool, kind: str = "file", replace_input: bool = False
+) -> None:
     """Refuse unsafe destinations before anything is opened for writing.
 
-    Refuses (exit 4) an output that is one of the inputs (same path, symlink or hard link); refuses
-    (exit 2) an existing output without ``overwrite``, and a missing or non-writable parent folder (exit 3).
+    Refuses (exit 4) an output that is one of the inputs (same path, symlink or hard link) unless
+    ``replace_input`` (an in-place update, which still goes through a temporary file); refuses (exit 2)
+    an existing output without ``overwrite``, and a missing or non-writable parent folder (exit 3).
     """
-    for src in inputs:
+    for src in [] if replace_input else inputs:
         if same_file(dst, src) or os.path.abspath(dst) == os.path.abspath(src):
             raise RolloutError(
                 f"{dst}: output is the input file {src}; refusing to overwrite the input. "
@@ -104,15 +107,18 @@ def _mode_for(inputs: Sequence[Path]) -> int:
 
 
 @contextlib.contextmanager
-def atomic_file(dst: Path, *, inputs: Sequence[Path] = (), overwrite: bool = False) -> Iterator[Path]:
+def atomic_file(
+    dst: Path, *, inputs: Sequence[Path] = (), overwrite: bool = False, replace_input: bool = False
+) -> Iterator[Path]:
     """Yield a temporary path beside ``dst``; on success fsync it and ``os.replace`` it onto ``dst``.
 
     On any exception the temporary file is removed and ``dst`` is left as it was. If ``dst`` is a
-    symlink, the link itself is replaced by the new file (its target is untouched).
+    symlink, the link itself is replaced by the new file (its target is untouched). ``replace_input``
+    allows ``dst`` to be one of ``inputs`` (in-place update: the input is replaced only when complete).
     """
     dst = Path(dst)
     inputs = [Path(p) for p in inputs]
-    check_output_path(dst, inputs, overwrite=overwrite)
+    check_output_path(dst, inputs, overwrite=overwrite or replace_input, replace_input=replace_input)
     parent = dst.parent if str(dst.parent) else Path(".")
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{dst.name}{TEMP_MARKER}", dir=parent)

@@ -14,6 +14,8 @@ class Progress(Protocol):
 
     def finish(self) -> None: ...
 
+    def warn(self, message: str) -> None: ...
+
 
 class NoProgress:
     """A ``Progress`` that ignores every event (library use, ``--quiet``)."""
@@ -25,4 +27,7 @@ class NoProgress:
         pass
 
     def finish(self) -> None:
+        pass
+
+    def warn(self, message: str) -> None:
         pass

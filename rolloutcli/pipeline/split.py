@@ -1,0 +1,375 @@
+"""``rolloutcli split``: every per-step field split at dones and padded, streamed in env blocks; and its inverse.
+
+Split output layout (``rolloutcli_format = "trajectories"``):
+
+| dataset | shape | meaning |
+| --- | --- | --- |
+| every per-step field (``observations/<k>``, ``actions``, ...) | ``[L, M, ...]`` | padded, same dtype |
+| ``masks`` | ``[L, M]`` bool | True on valid steps |
+| ``trajectory_env``, ``trajectory_start``, ``trajectory_length`` | ``[M]`` int64 | where each trajectory lies |
+| ``hidden_states/<actor|critic>/<i>`` | ``[layers, M, H]`` | state at each trajectory's first step |
+| ``rollout/hidden_states/<actor|critic>/<i>`` | ``[T, layers, N, H]`` | recorded states, verbatim (for unpad) |
+| any other dataset (``last_values``, extras) | as stored | copied verbatim |
+
+Fields are moved as raw bytes (each row viewed as ``uint8``), so every dtype round-trips bit for bit.
+The plan of each env block is computed once from its dones and applied to every field; the padded
+buffers are allocated once (sized for the largest block) and cleared after each use.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+
+from rolloutcli.core.stats import EpisodeStats
+from rolloutcli.core.trajectories import (
+    TrajectorySpans,
+    clear_trajectories,
+    hidden_states_at_starts,
+    plan_trajectories,
+    scatter_into_trajectories,
+    trajectory_buffer_view,
+    trajectory_spans,
+    unpad_with_spans,
+)
+from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_line
+from rolloutcli.hdf5.atomic import atomic_file
+from rolloutcli.hdf5.reader import RolloutReader
+from rolloutcli.hdf5.safety import HDF5_ERRORS, open_hdf5, translate_hdf5_error
+from rolloutcli.hdf5.schema import FORMAT_NAME
+from rolloutcli.hdf5.writer import copy_datasets, copy_root_attrs
+from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.progress import NoProgress, Progress
+
+SPLIT_FORMAT = "trajectories"
+SPAN_NAMES = ("trajectory_env", "trajectory_start", "trajectory_length")
+FULL_HIDDEN_PREFIX = "rollout/"
+BLOWUP_WARNING = 10.0
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    """``pad_to``: ``"rollout"`` (L = T, RSL-RL) or ``"longest"``; ``max_length``: cut trajectories at K steps.
+
+    With ``max_length`` K and ``pad_to="rollout"``, L = min(T, K): no segment is longer.
+    """
+
+    pad_to: str = "rollout"
+    max_length: int | None = None
+
+
+def _split_fields(reader: RolloutReader) -> list[str]:
+    """Per-step fields, plus extra datasets laid out ``[T, N, ...]`` (split like any other field)."""
+    schema = reader.schema
+    names = schema.per_step_names()
+    for name in schema.names("extra"):
+        shape = schema.fields[name].shape
+        if len(shape) >= 2 and shape[:2] == (schema.T, schema.N):
+            names.append(name)
+    return names
+
+
+def _row_bytes(reader: RolloutReader, name: str) -> int:
+    spec = reader.schema.fields[name]
+    return spec.nbytes // max(spec.shape[0] * spec.shape[1], 1)
+
+
+def _as_byte_rows(array: np.ndarray) -> torch.Tensor:
+    """``[T, n, ...]`` of any dtype -> ``[T, n, row_bytes]`` uint8 (a view: no conversion, bit exact)."""
+    T, n = array.shape[:2]
+    contiguous = np.ascontiguousarray(array)
+    return torch.from_numpy(contiguous.reshape(T, n, -1).view(np.uint8))
+
+
+def _from_byte_rows(rows: torch.Tensor, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    return rows.cpu().numpy().view(dtype).reshape(shape)
+
+
+def _plan_blocks(
+    counts: np.ndarray, T: int, L: int, in_bytes: int, out_bytes: int, budget: int
+) -> list[tuple[int, int]]:
+    """Env blocks whose input (``T * in_bytes`` per env) plus padded output (``count * L * out_bytes``) fit."""
+    per_env = T * in_bytes + counts.astype(np.int64) * L * out_bytes
+    blocks, start, used = [], 0, 0
+    for env, size in enumerate(per_env.tolist()):
+        if env > start and used + size > budget:
+            blocks.append((start, env))
+            start, used = env, 0
+        used += size
+    blocks.append((start, len(per_env)))
+    return blocks
+
+
+def run_split(
+    src: Path,
+    dst: Path,
+    options: SplitOptions,
+    run: RunOptions,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Write the split-and-padded trajectories of ``src`` to ``dst`` (see the module docstring)."""
+    progress = progress or NoProgress()
+    started = time.perf_counter()
+    if options.pad_to not in ("rollout", "longest"):
+        raise RolloutError(f"--pad-to: expected rollout or longest, found '{options.pad_to}'.", exit_code=EXIT_USAGE)
+    if options.max_length is not None and options.max_length < 1:
+        raise RolloutError(
+            f"--max-length: expected a positive number of steps, found {options.max_length}.", exit_code=EXIT_USAGE
+        )
+    with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
+        schema = reader.schema
+        T, N = schema.T, schema.N
+        fields = _split_fields(reader)
+        # Pass 1 (dones only): trajectories per env and the longest one, to size the output.
+        counts = np.zeros(N, np.int64)
+        longest = 0
+        lengths = torch.zeros(T + 1, dtype=torch.int64)
+        episodes = None
+        for start, stop in reader.blocks(["dones"]):
+            dones = reader.tensor("dones", start, stop)
+            spans = trajectory_spans(dones, options.max_length)
+            counts[start:stop] = torch.bincount(spans.env, minlength=stop - start).numpy()
+            lengths += torch.bincount(spans.length, minlength=T + 1)
+            longest = max(longest, int(spans.length.max()))
+            block_stats = EpisodeStats.of(dones)
+            episodes = block_stats if episodes is None else episodes.merge(block_stats)
+        M = int(counts.sum())
+        # L: RSL-RL pads to T; segments of at most K steps never need more than K rows.
+        L = T if options.pad_to == "rollout" else longest
+        if options.max_length is not None and options.pad_to == "rollout":
+            L = min(T, options.max_length)
+        row_bytes = {name: _row_bytes(reader, name) for name in fields}
+        input_bytes = sum(schema.fields[name].nbytes for name in fields)
+        padded_bytes = sum(row_bytes.values()) * L * M + L * M  # + masks
+        blowup = padded_bytes / max(input_bytes, 1)
+        if blowup > BLOWUP_WARNING:
+            progress.warn(
+                f"{src}: padding multiplies the per-step data {blowup:.1f}x ({M} trajectories padded to "
+                f"{L} steps); use --pad-to longest or --max-length K to bound it."
+            )
+        blocks = _plan_blocks(
+            counts, T, L, sum(row_bytes.values()), sum(row_bytes.values()) + 1, max(run.max_memory // 2, 1)
+        )
+        with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
+            try:
+                _write_split(reader, tmp, fields, row_bytes, counts, L, options, run, blocks, progress)
+            except HDF5_ERRORS as exc:
+                raise translate_hdf5_error(dst, exc) from exc
+    summary_lengths = EpisodeStats(T, lengths).length_summary()
+    return {
+        "input": str(src),
+        "output": str(dst),
+        "T": T,
+        "N": N,
+        "trajectories": M,
+        "padded_length": L,
+        "pad_to": options.pad_to,
+        "max_length": options.max_length,
+        "fields": fields,
+        "trajectory_lengths": summary_lengths,
+        "input_bytes": input_bytes,
+        "padded_bytes": padded_bytes,
+        "padding_overhead": blowup,
+        "blocks": len(blocks),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _write_split(
+    reader: RolloutReader,
+    tmp: Path,
+    fields: list[str],
+    row_bytes: dict[str, int],
+    counts: np.ndarray,
+    L: int,
+    options: SplitOptions,
+    run: RunOptions,
+    blocks: list[tuple[int, int]],
+    progress: Progress,
+) -> None:
+    schema = reader.schema
+    T, N = schema.T, schema.N
+    M = int(counts.sum())
+    hidden = [path for paths in schema.hidden.values() for path in paths]
+    verbatim = [name for name in schema.fields if name not in fields and name not in hidden]
+    first_trajectory = np.concatenate([[0], np.cumsum(counts)])
+    device = run.device
+    largest = max(int(counts[a:b].sum()) for a, b in blocks) * L
+    buffers = {name: torch.zeros(largest * row_bytes[name], dtype=torch.uint8, device=device) for name in fields}
+    with h5py.File(tmp, "w", libver=("earliest", "latest")) as out:
+        copy_root_attrs(reader.handle, out)
+        copy_datasets(reader.handle, out, verbatim)
+        for path in hidden:
+            out.require_group(FULL_HIDDEN_PREFIX + path.rsplit("/", 1)[0])
+            reader.handle.copy(
+                reader.handle[path], out[FULL_HIDDEN_PREFIX + path.rsplit("/", 1)[0]], name=path.rsplit("/", 1)[1]
+            )
+        targets = {
+            name: out.create_dataset(
+                name, shape=(L, M, *schema.fields[name].shape[2:]), dtype=schema.fields[name].dtype
+            )
+            for name in fields
+        }
+        masks = out.create_dataset("masks", shape=(L, M), dtype=bool)
+        spans_out = {name: out.create_dataset(name, shape=(M,), dtype=np.int64) for name in SPAN_NAMES}
+        hidden_out = {}
+        for path in hidden:
+            layers, H = schema.fields[path].shape[1], schema.fields[path].shape[3]
+            hidden_out[path] = out.create_dataset(path, shape=(layers, M, H), dtype=schema.fields[path].dtype)
+        out.attrs["rolloutcli_format"] = SPLIT_FORMAT
+        out.attrs["source_format"] = str(schema.attrs.get("rolloutcli_format", FORMAT_NAME))
+        out.attrs["source_T"] = T
+        out.attrs["source_N"] = N
+        out.attrs["split_pad_to"] = options.pad_to
+        out.attrs["split_max_length"] = options.max_length or 0
+        out.attrs["split_fields"] = fields
+        progress.start("split", len(blocks))
+        for start, stop in blocks:
+            m0, m1 = int(first_trajectory[start]), int(first_trajectory[stop])
+            dones = reader.tensor("dones", start, stop, device)
+            plan = plan_trajectories(dones, pad_to=L, max_length=options.max_length)
+            for name in fields:
+                rows = _as_byte_rows(reader.read(name, start, stop)).to(device)
+                view = trajectory_buffer_view(buffers[name], plan, [row_bytes[name]])
+                padded = scatter_into_trajectories(rows, plan, view, zero=False)
+                targets[name][:, m0:m1] = _from_byte_rows(
+                    padded, schema.fields[name].dtype, (L, m1 - m0, *schema.fields[name].shape[2:])
+                )
+                clear_trajectories(view, plan)  # leave the reused buffer all zeros for the next block
+            masks[:, m0:m1] = plan.masks().cpu().numpy()
+            spans = plan.spans
+            spans_out["trajectory_env"][m0:m1] = (spans.env + start).cpu().numpy()
+            spans_out["trajectory_start"][m0:m1] = spans.start.cpu().numpy()
+            spans_out["trajectory_length"][m0:m1] = spans.length.cpu().numpy()
+            for path in hidden:
+                state = torch.from_numpy(reader.read(path, start, stop)).to(device)
+                hidden_out[path][:, m0:m1] = hidden_states_at_starts(state, spans).cpu().numpy()
+            progress.advance()
+        progress.finish()
+
+
+def run_unpad(
+    src: Path, dst: Path, run: RunOptions, *, overwrite: bool = False, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Restore the ``[T, N, ...]`` rollout from a split file written by ``run_split`` (exact inverse)."""
+    progress = progress or NoProgress()
+    started = time.perf_counter()
+    with open_hdf5(src, run.safety) as handle:
+        try:
+            layout = _split_layout(src, handle)
+            with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
+                _write_unpad(handle, tmp, layout, run, progress)
+        except HDF5_ERRORS as exc:
+            raise translate_hdf5_error(src, exc) from exc
+    return {
+        "input": str(src),
+        "output": str(dst),
+        "T": layout["T"],
+        "N": layout["N"],
+        "trajectories": layout["M"],
+        "fields": layout["fields"],
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _split_layout(path: Path, handle: h5py.File) -> dict[str, Any]:
+    """Read and check the split file's layout; every problem at once."""
+    attrs = handle.attrs
+    if attrs.get("rolloutcli_format") != SPLIT_FORMAT:
+        raise RolloutError(
+            problem_line(
+                path,
+                "/ (attribute rolloutcli_format)",
+                f"'{SPLIT_FORMAT}' (a file written by rolloutcli split)",
+                repr(attrs.get("rolloutcli_format")),
+                "--unpad reads the output of split.",
+            ),
+            exit_code=EXIT_BAD_DATA,
+        )
+    T, N = int(attrs["source_T"]), int(attrs["source_N"])
+    fields = [f.decode() if isinstance(f, bytes) else str(f) for f in attrs["split_fields"]]
+    problems = []
+    for name in (*SPAN_NAMES, "masks", *fields):
+        if name not in handle or not isinstance(handle[name], h5py.Dataset):
+            problems.append(problem_line(path, name, "a dataset written by split", "nothing"))
+    if problems:
+        raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
+    spans = TrajectorySpans(*(torch.from_numpy(handle[name][()].astype(np.int64)) for name in SPAN_NAMES))
+    M = spans.env.numel()
+    L = handle["masks"].shape[0]
+    for name in fields:
+        if handle[name].shape[:2] != (L, M):
+            problems.append(
+                problem_line(path, name, f"shape [L, M, ...] = [{L}, {M}, ...]", f"shape {handle[name].shape}")
+            )
+    envs_sorted = bool((spans.env[1:] >= spans.env[:-1]).all()) if M > 1 else True
+    covered = int(spans.length.sum()) if M else 0
+    if not envs_sorted or covered != T * N or (M and (int(spans.env.min()) < 0 or int(spans.env.max()) >= N)):
+        problems.append(
+            problem_line(
+                path,
+                "trajectory_env/trajectory_length",
+                f"env-major spans covering T*N = {T * N} steps",
+                f"{covered} steps",
+            )
+        )
+    if problems:
+        raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
+    counts = np.bincount(spans.env.numpy(), minlength=N)
+    return {"T": T, "N": N, "M": M, "L": L, "fields": fields, "spans": spans, "counts": counts}
+
+
+def _write_unpad(handle: h5py.File, tmp: Path, layout: dict[str, Any], run: RunOptions, progress: Progress) -> None:
+    T, N, L, fields, spans = layout["T"], layout["N"], layout["L"], layout["fields"], layout["spans"]
+    counts = layout["counts"]
+    first_trajectory = np.concatenate([[0], np.cumsum(counts)])
+    row_bytes = {
+        name: handle[name].dtype.itemsize * int(np.prod(handle[name].shape[2:], dtype=np.int64)) for name in fields
+    }
+    blocks = _plan_blocks(counts, T, L, sum(row_bytes.values()), sum(row_bytes.values()), max(run.max_memory // 2, 1))
+    skip = {*SPAN_NAMES, "masks", *fields}
+    hidden_full: list[str] = []
+    rest: list[str] = []
+
+    def visit(name: str, obj: h5py.HLObject) -> None:
+        if isinstance(obj, h5py.Dataset) and name not in skip:
+            (hidden_full if name.startswith(FULL_HIDDEN_PREFIX) else rest).append(name)
+
+    handle.visititems(visit)
+    rest = [name for name in rest if not name.startswith("hidden_states/")]  # start states: derived data
+    with h5py.File(tmp, "w", libver=("earliest", "latest")) as out:
+        copy_root_attrs(handle, out)
+        for key in ("source_T", "source_N", "split_pad_to", "split_max_length", "split_fields", "source_format"):
+            if key in out.attrs:
+                del out.attrs[key]
+        out.attrs["rolloutcli_format"] = handle.attrs.get("source_format", FORMAT_NAME)
+        copy_datasets(handle, out, rest)
+        for name in hidden_full:
+            target = name[len(FULL_HIDDEN_PREFIX) :]
+            out.require_group(target.rsplit("/", 1)[0])
+            handle.copy(handle[name], out[target.rsplit("/", 1)[0]], name=target.rsplit("/", 1)[1])
+        targets = {
+            name: out.create_dataset(name, shape=(T, N, *handle[name].shape[2:]), dtype=handle[name].dtype)
+            for name in fields
+        }
+        progress.start("unpad", len(blocks))
+        for start, stop in blocks:
+            m0, m1 = int(first_trajectory[start]), int(first_trajectory[stop])
+            block_spans = TrajectorySpans(spans.env[m0:m1] - start, spans.start[m0:m1], spans.length[m0:m1])
+            for name in fields:
+                padded = handle[name][:, m0:m1]
+                rows = torch.from_numpy(np.ascontiguousarray(padded).reshape(L, m1 - m0, -1).view(np.uint8))
+                restored = unpad_with_spans(rows.to(run.device), block_spans, T, stop - start)
+                targets[name][:, start:stop] = _from_byte_rows(
+                    restored, handle[name].dtype, (T, stop - start, *handle[name].shape[2:])
+                )
+            progress.advance()
+        progress.finish()

@@ -1,0 +1,160 @@
+"""``rolloutcli split``: RSL-RL's split on every field, streaming, layouts, and the exact ``--unpad`` inverse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from conftest import SAMPLE
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rollout_factory import rollout_arrays, write_rollout
+from rsl_rl.utils import split_and_pad_trajectories as rsl_split
+
+
+def _datasets(path: Path) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    with h5py.File(path, "r") as handle:
+        handle.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def _rsl_hidden_at_starts(hidden: np.ndarray, dones: np.ndarray) -> torch.Tensor:
+    """RSL-RL's recurrent_mini_batch_generator extraction, transcribed (all envs in one batch)."""
+    dones_t = torch.tensor(dones)
+    last_was_done = torch.zeros_like(dones_t, dtype=torch.bool)
+    last_was_done[1:] = dones_t[:-1].bool()
+    last_was_done[0] = True
+    last_was_done = last_was_done.permute(1, 0)
+    return torch.tensor(hidden).permute(2, 0, 1, 3)[last_was_done].transpose(1, 0).contiguous()
+
+
+def test_matches_rsl_rl_on_every_field(tmp_path: Path, cli) -> None:
+    arrays = rollout_arrays(T=30, N=6, end_rate=0.15, hidden="lstm", layers=2)
+    arrays["dones"][0, 1] = 1  # a done at t = 0
+    arrays["dones"][-1, 2] = 1  # and at t = T - 1
+    source = write_rollout(tmp_path / "in.h5", arrays)
+    code, out, err = cli("split", source, "-o", tmp_path / "s.h5", "--json", "-q")
+    assert code == 0, err
+    summary = json.loads(out)
+    result = _datasets(tmp_path / "s.h5")
+    dones = torch.tensor(arrays["dones"])
+    for name, value in arrays.items():
+        if name.startswith("hidden_states") or name == "last_values":
+            continue
+        expected, masks = rsl_split(torch.tensor(value), dones.unsqueeze(-1))
+        assert result[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(result[name], expected.numpy(), err_msg=name)
+    np.testing.assert_array_equal(result["masks"], masks.numpy())
+    assert summary["trajectories"] == masks.shape[1] == result["trajectory_env"].shape[0]
+    for path in ("hidden_states/actor/0", "hidden_states/actor/1", "hidden_states/critic/1"):
+        np.testing.assert_array_equal(result[path], _rsl_hidden_at_starts(arrays[path], arrays["dones"]).numpy())
+    # identifiable observations: trajectory m's first step is (trajectory_start[m], trajectory_env[m])
+    first = result["observations/policy"][0, :, 0]
+    np.testing.assert_array_equal(first, result["trajectory_start"] * 1000.0 + result["trajectory_env"])
+    assert (result["masks"].sum(axis=0) == result["trajectory_length"]).all()
+    per_env = np.bincount(result["trajectory_env"], weights=result["trajectory_length"], minlength=6)
+    assert (per_env == 30).all()  # masks sum to T per env
+
+
+@pytest.mark.parametrize("args", [[], ["--pad-to", "longest"], ["--max-length", "4"],
+                                  ["--pad-to", "longest", "--max-length", "7"]])
+def test_unpad_is_exact(tmp_path: Path, cli, args: list[str]) -> None:
+    arrays = rollout_arrays(T=25, N=5, end_rate=0.1, hidden="gru")
+    arrays["observations/image"] = (np.arange(25 * 5 * 3).reshape(25, 5, 3) % 251).astype(np.uint8)
+    arrays["extra_flags"] = np.ones((25, 5), bool)
+    arrays["extra_meta"] = np.arange(7, dtype=np.int16)
+    source = write_rollout(tmp_path / "in.h5", arrays, attrs={"gae_gamma": 0.9})
+    assert cli("split", source, "-o", tmp_path / "s.h5", "-q", *args)[0] == 0
+    code, _, err = cli("split", "--unpad", tmp_path / "s.h5", "-o", tmp_path / "back.h5", "-q")
+    assert code == 0, err
+    back = _datasets(tmp_path / "back.h5")
+    assert sorted(back) == sorted(arrays)
+    for name, value in arrays.items():
+        assert back[name].dtype == value.dtype and back[name].shape == value.shape, name
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+    with h5py.File(tmp_path / "back.h5", "r") as handle:
+        assert handle.attrs["rolloutcli_format"] == "rollout" and handle.attrs["gae_gamma"] == 0.9
+        assert "split_fields" not in handle.attrs
+
+
+def test_max_length_segments(tmp_path: Path, cli) -> None:
+    arrays = rollout_arrays(T=20, N=3, end_rate=0.0, hidden="gru")
+    source = write_rollout(tmp_path / "in.h5", arrays)
+    assert cli("split", source, "-o", tmp_path / "s.h5", "-q", "--max-length", "6")[0] == 0
+    result = _datasets(tmp_path / "s.h5")
+    assert result["masks"].shape == (6, 12)  # ceil(20 / 6) = 4 segments per env, L = 6
+    assert result["trajectory_start"].tolist() == [0, 6, 12, 18] * 3
+    assert result["trajectory_length"].tolist() == [6, 6, 6, 2] * 3
+    # each segment carries the hidden state of its own first step
+    hidden = arrays["hidden_states/actor/0"]
+    expected = hidden[result["trajectory_start"], :, result["trajectory_env"]].transpose(1, 0, 2)
+    np.testing.assert_array_equal(result["hidden_states/actor/0"], expected)
+
+
+def test_tiny_budget_identical(tmp_path: Path, cli) -> None:
+    source = write_rollout(tmp_path / "in.h5", rollout_arrays(T=40, N=30, end_rate=0.1, hidden="lstm"))
+    assert cli("split", source, "-o", tmp_path / "a.h5", "-q")[0] == 0
+    code, out, _ = cli("split", source, "-o", tmp_path / "b.h5", "-q", "--max-memory", "2K", "--json")
+    assert code == 0 and json.loads(out)["blocks"] == 30
+    a, b = _datasets(tmp_path / "a.h5"), _datasets(tmp_path / "b.h5")
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name].tobytes() == b[name].tobytes(), name
+
+
+def test_blowup_warning(tmp_path: Path, cli) -> None:
+    source = write_rollout(tmp_path / "in.h5", rollout_arrays(T=60, N=4, end_rate=0.5))
+    code, _, err = cli("split", source, "-o", tmp_path / "s.h5")
+    assert code == 0
+    assert "warning: " in err and "use --pad-to longest or --max-length K" in err
+    _, _, err = cli("split", source, "-o", tmp_path / "l.h5", "--pad-to", "longest")
+    assert "warning" not in err
+
+
+def test_unpad_refuses_rollout_file(tmp_path: Path, cli) -> None:
+    source = write_rollout(tmp_path / "in.h5", rollout_arrays())
+    code, _, err = cli("split", "--unpad", source, "-o", tmp_path / "o.h5")
+    assert code == 1
+    assert err.strip() == (f"error: {source}: field '/ (attribute rolloutcli_format)': expected 'trajectories' (a "
+                           "file written by rolloutcli split), found 'rollout'. --unpad reads the output of split.")
+
+
+def test_usage_errors(tmp_path: Path, cli) -> None:
+    source = write_rollout(tmp_path / "in.h5", rollout_arrays())
+    assert cli("split", source, "-o", tmp_path / "o.h5", "--pad-to", "widest")[0] == 2
+    assert cli("split", source, "-o", tmp_path / "o.h5", "--max-length", "0")[0] == 2
+    assert cli("split", source)[0] == 2
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_sample(tmp_path: Path, cli) -> None:
+    code, out, _ = cli("split", SAMPLE, "-o", tmp_path / "s.h5", "--json", "-q")
+    assert code == 0 and json.loads(out)["trajectories"] == 88
+
+
+DTYPES = [np.float32, np.float16, np.float64, np.uint8, np.int8, np.uint16, np.int32, np.uint64, np.bool_]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(T=st.integers(1, 9), N=st.integers(1, 5), rate=st.floats(0, 1), dtype=st.sampled_from(DTYPES),
+       seed=st.integers(0, 1000), max_length=st.one_of(st.none(), st.integers(1, 5)),
+       pad_to=st.sampled_from(["rollout", "longest"]))
+def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, cli, T: int, N: int, rate: float,
+                             dtype: type, seed: int, max_length: int | None, pad_to: str) -> None:
+    folder = tmp_path_factory.mktemp("split")
+    arrays = rollout_arrays(T, N, seed=seed, end_rate=rate, hidden="gru")
+    rng = np.random.default_rng(seed)
+    arrays["observations/policy"] = rng.integers(0, 2, size=(T, N, 3)).astype(dtype)
+    source = write_rollout(folder / "in.h5", arrays)
+    args = ["--pad-to", pad_to] + (["--max-length", str(max_length)] if max_length else [])
+    assert cli("split", source, "-o", folder / "s.h5", "-q", *args)[0] == 0
+    assert cli("split", "--unpad", folder / "s.h5", "-o", folder / "b.h5", "-q")[0] == 0
+    back = _datasets(folder / "b.h5")
+    for name, value in arrays.items():
+        assert back[name].dtype == value.dtype
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
