@@ -155,10 +155,14 @@ def test_bool_field() -> None:
     assert_bits_equal(padded, expected)
 
 
-def test_non_contiguous_field() -> None:
-    dones = random_dones(8, 5, 0.3, seed=9)
-    wide = random_field((8, 5, 10), torch.float32, seed=10)
-    for x in (wide[:, :, 1:8], wide[:, :, ::2], wide.transpose(0, 1).contiguous().transpose(0, 1)):
+def test_non_contiguous_and_misaligned_fields() -> None:
+    # Large enough (> 64 KiB out) for the wide-row copy; strided or 4-byte-offset sources must fall back.
+    dones = random_dones(40, 50, 0.3, seed=9)
+    wide = random_field((40, 50, 10), torch.float32, seed=10)
+    flat = random_field((40 * 50 * 8 + 1,), torch.float32, seed=11)
+    misaligned = flat[1:].view(40, 50, 8)
+    transposed = wide.transpose(0, 1).contiguous().transpose(0, 1)
+    for x in (wide[:, :, 1:9], wide[:, :, ::2], transposed, misaligned):
         padded, _ = split_and_pad_trajectories(x, dones)
         expected, _ = rsl_split(x, dones)
         assert_bits_equal(padded, expected)
@@ -363,7 +367,7 @@ def test_hidden_states_match_rsl_rl_recurrent_generator(num_mini_batches: int) -
 
 def test_hidden_states_for_segments_are_each_segments_first_step() -> None:
     num_steps, num_envs = 12, 4
-    storage, rec = fill_rsl_storage(num_steps, num_envs, seed=41)
+    _, rec = fill_rsl_storage(num_steps, num_envs, seed=41)
     spans = trajectory_spans(rec["dones"], max_length=3)
     states = hidden_states_at_starts(rec["gru"], spans)
     assert states.shape == (2, spans.length.numel(), 3)
@@ -493,3 +497,24 @@ def test_property_unpad_split_round_trips(
     assert_bits_equal(padded[~masks], torch.zeros_like(padded[~masks]))
     assert_bits_equal(unpad_trajectories(padded, masks, num_steps=num_steps), x)
     assert_bits_equal(unpad_with_spans(padded, spans, num_steps, num_envs), x)
+    plan = plan_trajectories(dones, pad_to=layout, max_length=max_length)
+    assert_bits_equal(scatter_into_trajectories(x, plan), padded)
+    assert_bits_equal(gather_from_trajectories(padded, plan), x)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_follows_the_device_and_matches_cpu() -> None:
+    dones = random_dones(24, 300, 0.2, seed=60)
+    x = random_field((24, 300, 48), torch.float32, seed=61)
+    hidden = random_field((24, 2, 300, 8), torch.float32, seed=62)
+    padded, masks = split_and_pad_trajectories(x.cuda(), dones.cuda())
+    assert padded.is_cuda and masks.is_cuda
+    expected, expected_masks = rsl_split(x, dones)
+    assert_bits_equal(padded.cpu(), expected)
+    assert_bits_equal(masks.cpu(), expected_masks)
+    assert_bits_equal(unpad_trajectories(padded, masks).cpu(), x)
+    spans = trajectory_spans(dones.cuda(), max_length=5)
+    assert spans.env.is_cuda
+    assert_bits_equal(
+        hidden_states_at_starts(hidden.cuda(), spans).cpu(), hidden_states_at_starts(hidden, trajectory_spans(dones, 5))
+    )
