@@ -9,6 +9,7 @@ SIGTERM 143, after removing temporary outputs; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import traceback
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from rolloutcli.errors import EXIT_INTERRUPTED, EXIT_IO, EXIT_TERMINATED, EXIT_USAGE, RolloutError
+from rolloutcli.errors import EXIT_INTERRUPTED, EXIT_IO, EXIT_TERMINATED, EXIT_USAGE, RolloutError, one_line
 
 app = typer.Typer(
     name="rolloutcli",
@@ -44,13 +45,20 @@ ExternalOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")]
 
 
+# Test hook (documented in docs/promises.md): when set to a number of seconds, the first block of every
+# command prints one line "rolloutcli: test pause after block 1 ..." on stderr and sleeps, so a test can
+# signal the process while its output is half written.
+TEST_PAUSE_ENV = "ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK"
+
+
 class RichProgress:
     """A ``Progress`` that draws a rich bar on stderr (nothing when quiet or not a terminal)."""
 
     def __init__(self, quiet: bool) -> None:
-        self.enabled = not quiet
+        self.enabled = not quiet and stderr.is_terminal  # rich would still print a blank line into a pipe
         self._bar: Any = None
         self._task: Any = None
+        self._pause = float(os.environ.get(TEST_PAUSE_ENV) or 0)
 
     def start(self, description: str, total: int) -> None:
         if not self.enabled:
@@ -72,6 +80,20 @@ class RichProgress:
     def advance(self, amount: int = 1) -> None:
         if self._bar is not None:
             self._bar.advance(self._task, amount)
+        if self._pause > 0:
+            self._test_pause()
+
+    def _test_pause(self) -> None:
+        """The ``ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK`` hook: announce the first block on stderr, then sleep."""
+        import time
+
+        from rolloutcli.hdf5.atomic import live_temporaries
+
+        pause, self._pause = self._pause, 0.0
+        writing = " ".join(sorted(os.path.basename(p) for p in live_temporaries())) or "nothing"
+        sys.stderr.write(f"rolloutcli: test pause after block 1 (writing {writing})\n")
+        sys.stderr.flush()
+        time.sleep(pause)
 
     def finish(self) -> None:
         if self._bar is not None:
@@ -228,19 +250,59 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(EXIT_TERMINATED)
 
 
+class _GuardedStdout:
+    """``sys.stdout`` while a command runs: a failed write (disk full, EFBIG, closed pipe) becomes an I/O fault.
+
+    ``rolloutcli inspect --json > report.json`` on a full disk must end with one line and exit 3, not a
+    traceback or Python's "Exception ignored" at exit.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _guard(self, action: str, *args: Any) -> Any:
+        try:
+            return getattr(self._stream, action)(*args)
+        except OSError as exc:
+            raise RolloutError(
+                f"cannot write the results to stdout: {exc.strerror or exc}.", exit_code=EXIT_IO
+            ) from exc
+
+    def write(self, text: str) -> int:
+        return self._guard("write", text)
+
+    def flush(self) -> None:
+        self._guard("flush")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the app and map every outcome to an exit code."""
+    """Entry point: run the app and map every outcome to an exit code.
+
+    Called without ``argv`` (the console script, ``python -m rolloutcli``) it owns the process: a failure
+    then ends with ``os._exit`` after cleaning up, because h5py can crash the interpreter at exit after a
+    failed write (disk full). Called with ``argv`` (tests, embedding) it only returns the code.
+    """
+    own_process = argv is None
     args = list(sys.argv[1:] if argv is None else argv)
+    # Transparent huge pages for torch's large CPU allocations: fresh multi-MB output buffers (split's padded
+    # trajectories, shard buffers) page-fault 3-5x faster. Read once by torch, so set before it is imported.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     debug = "--debug" in args
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+    real_stdout = sys.stdout
+    sys.stdout = _GuardedStdout(real_stdout)
     code = 0
     try:
         result = app(args=args, prog_name="rolloutcli", standalone_mode=False)
         code = result if isinstance(result, int) else 0
+        sys.stdout.flush()  # a full disk under `> report.json` shows here, as an I/O fault
     except RolloutError as error:
         if debug:
             traceback.print_exc()
-        stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+        stderr.print(f"error: {one_line(str(error))}", markup=False, highlight=False, soft_wrap=True)
         code = error.exit_code
     except typer.Exit as done:
         code = done.exit_code
@@ -251,19 +313,37 @@ def main(argv: list[str] | None = None) -> int:
         code = exit_.code if isinstance(exit_.code, int) else 1
         if code == EXIT_TERMINATED:
             stderr.print("terminated: no output was written (temporary files removed).")
+    except MemoryError:
+        stderr.print("error: out of memory; lower --max-memory.")
+        code = EXIT_IO
     except Exception as other:
         if not (hasattr(other, "show") and hasattr(other, "exit_code")):
             raise
         other.show(file=sys.stderr)  # a usage error from the option parser (click, vendored or not)
         code = EXIT_USAGE if other.exit_code == 2 else other.exit_code
-    except MemoryError:
-        stderr.print("error: out of memory; lower --max-memory.")
-        code = EXIT_IO
     finally:
         from rolloutcli.hdf5.atomic import remove_live_temporaries
 
+        sys.stdout = real_stdout
+        # A second Ctrl-C / SIGTERM must not interrupt the cleanup itself.
+        previous_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         remove_live_temporaries()
+        signal.signal(signal.SIGINT, previous_sigint)
+        signal.signal(signal.SIGTERM, previous_sigterm)
+    if own_process and code != 0:
+        _exit_now(code)
     return code
+
+
+def _exit_now(code: int) -> None:
+    """End the process at once (no interpreter shutdown: h5py may crash there after a failed write)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def entry() -> None:

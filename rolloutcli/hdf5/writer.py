@@ -7,7 +7,9 @@ chunks without decoding them.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import h5py
@@ -86,6 +88,11 @@ def copy_datasets(source: h5py.File, target: h5py.File, names: Iterable[str]) ->
         if parent:
             target.require_group(parent)
         source.copy(source[name], target[parent] if parent else target, name=name.rsplit("/", 1)[-1])
+
+
+def copy_file_bytes(source: Path, target: Path) -> None:
+    """Copy a whole file's bytes with the kernel's copy (``shutil.copyfile`` uses ``sendfile`` on Linux)."""
+    shutil.copyfile(source, target)
 
 
 def copy_root_attrs(source: h5py.File, target: h5py.File) -> None:

@@ -3,7 +3,9 @@
 GAE is independent per env, so the file is processed in env blocks sized by ``--max-memory``:
 pass 1 computes ``A`` and ``returns`` per block and gathers per-env moments of ``A``; when normalising,
 pass 2 rewrites ``advantages = (A - mean) / (std + 1e-8)`` with the global mean and unbiased std.
-Datasets GAE does not touch are copied with HDF5 object copy (stored chunks, never decoded).
+Datasets GAE does not touch are carried over by copying the file's bytes (``copy_file_range``/``sendfile``,
+nothing decoded), then the copy is opened ``r+`` and only ``advantages``, ``returns`` (and bootstrapped
+``rewards``, the recorded ones kept as ``rewards_raw``) are written.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import torch
 
 from rolloutcli.core.gae import compute_gae
 from rolloutcli.core.stats import EnvMoments, Moments
-from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_line
-from rolloutcli.hdf5.atomic import atomic_file
+from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_USAGE, RolloutError, problem_line
+from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.safety import HDF5_ERRORS, translate_hdf5_error
-from rolloutcli.hdf5.writer import copy_datasets, copy_root_attrs, create_empty, write_env_block
+from rolloutcli.hdf5.safety import HDF5_ERRORS, check_regular_file, translate_write_error
+from rolloutcli.hdf5.writer import copy_file_bytes, create_empty, write_env_block
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import NoProgress, Progress
 
@@ -114,6 +116,16 @@ def run_gae(
         raise RolloutError(
             "gae: expected an output path (-o OUT.h5) or --in-place, found neither.", exit_code=EXIT_USAGE
         )
+    # Refuse a bad output before the (possibly long) validation pass; atomic_file checks again.
+    check_output_path(dst, [src], overwrite=overwrite or in_place, replace_input=in_place)
+    if in_place:
+        check_regular_file(src)
+        if not os.access(src, os.W_OK):
+            raise RolloutError(
+                f"{src}: the input is write-protected; refusing to replace it with --in-place. "
+                "Make it writable (chmod u+w) or write a new file with -o OUT.h5.",
+                exit_code=EXIT_IO,
+            )
     with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
         bootstrap = _check(reader, options)
         already = bool(reader.schema.attrs.get("timeouts_bootstrapped", False))
@@ -121,7 +133,7 @@ def run_gae(
             try:
                 summary = _write(reader, tmp, options, run, bootstrap, progress)
             except HDF5_ERRORS as exc:
-                raise translate_hdf5_error(dst, exc) from exc
+                raise translate_write_error(dst, exc, src) from exc
     summary.update(
         {
             "input": str(src),
@@ -150,13 +162,20 @@ def _write(
     # bytes per env in flight: inputs as stored + float32 copies + A, R (and bootstrapped rewards)
     blocks = reader.blocks(inputs, budget=max(run.max_memory // 4, 1))
     touched = set(WRITTEN) | ({"rewards"} if bootstrap else set())
-    with h5py.File(tmp, "w", libver=("earliest", "latest")) as out:
-        copy_root_attrs(reader.handle, out)
-        copy_datasets(reader.handle, out, [n for n in schema.fields if n not in touched])
+    # Everything GAE does not touch is carried over by copying the file's bytes (kernel copy, as fast as
+    # cp, nothing decoded); the copy is then opened r+ and the written datasets are replaced.
+    progress.start("copy", 1)
+    copy_file_bytes(reader.path, tmp)
+    progress.advance()
+    with h5py.File(tmp, "r+") as out:
         if bootstrap:
-            copy_datasets(reader.handle, out, ["rewards"])
+            if "rewards_raw" in out:
+                del out["rewards_raw"]
             out.move("rewards", "rewards_raw")
             out["rewards_raw"].attrs["meaning"] = "rewards as recorded, before time-out bootstrapping"
+        for name in touched:
+            if name in out:
+                del out[name]
         datasets = {name: create_empty(out, name, (T, N), "float32") for name in touched}
         moments = EnvMoments()
         advantage_moments = Moments()
