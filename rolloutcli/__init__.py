@@ -16,6 +16,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "compute_gae": "rolloutcli.core.gae",
     "normalize_advantages": "rolloutcli.core.gae",
+    "bootstrap_time_outs": "rolloutcli.core.gae",
+    "hidden_states_at_starts": "rolloutcli.core.trajectories",
     "split_and_pad_trajectories": "rolloutcli.core.trajectories",
     "unpad_trajectories": "rolloutcli.core.trajectories",
     "trajectory_spans": "rolloutcli.core.trajectories",

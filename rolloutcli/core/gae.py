@@ -15,12 +15,16 @@ With ``time_outs``, RSL-RL's bootstrap ``r_t += gamma * values_t * time_out_t`` 
 caller's tensor). ``A_t = b_t + c_t * A_{t+1}`` with ``b_t = delta_t`` and ``c_t = gamma * lam * not_done_t`` is a
 *linear* recurrence, which is what makes both fast paths possible:
 
-* CPU (``backend="numba"``): compiled loops over time, vectorised over contiguous env slices and parallel over
-  env blocks; when there are too few envs to keep every thread busy, time is cut into chunks that are scanned in
-  parallel assuming a zero carry, then the true carries are propagated backwards across chunks and added back
-  (``A_t += (c_t * ... * c_{end of chunk}) * carry``).
+* CPU (``backend="numba"``): compiled loops over time, vectorised over contiguous env slices, one env block per
+  thread. When there are fewer env blocks than threads (few envs, long rollouts), time is cut into chunks that are
+  scanned in parallel assuming a zero carry; the true carries are then propagated backwards across chunks and
+  added back, ``A_t += (c_t * ... * c_{chunk end}) * carry``, stopping as soon as that term is exactly 0. A
+  single env (N = 1) always uses four chunks per thread, interleaved, to hide the latency of the serial chain.
+  The returns are bit-identical to RSL-RL's (same float32 operations in the same order, no fused multiply-add)
+  except where chunk carries are added, which changes the rounding only.
 * Any device (``backend="torch"``): a log-depth associative scan (Hillis-Steele doubling on the pairs
   ``(c, b)``), ``ceil(log2 T)`` rounds of whole-tensor ops, no Python loop over ``T`` and no host-device sync.
+  It reorders the float32 sums, so it agrees with RSL-RL to float32 rounding at the scale of the largest terms.
 
 Everything is computed in float32, the dtype of RSL-RL's storage: float16/bfloat16 inputs are upcast and float64
 inputs are rounded to float32 first, so a float64 file gives the same numbers RSL-RL would. Outputs are always
@@ -32,6 +36,8 @@ up to one float32 rounding at the scale of ``|returns|``.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import threading
 from collections.abc import Callable
@@ -54,7 +60,7 @@ __all__ = [
 
 Backend = Literal["auto", "numba", "torch"]
 
-# Below this many elements one thread finishes before a second one could be woken (~20 us).
+# Below this many elements waking a second thread costs more than it saves (24 x 4096: 50 us on one thread, 70 on two).
 _PARALLEL_MIN_ELEMENTS = 1 << 18
 # Env blocks are multiples of this many envs: one AVX-512 register of float32.
 _LANE = 16
@@ -62,7 +68,9 @@ _LANE = 16
 _MIN_CHUNK = 256
 # N = 1: steps whose recurrence terms are computed together into L1 buffers before the serial pass.
 _TILE = 512
-# Widest env block per task: keeps the carry and product rows of a block in L1/L2.
+# Widest env block per task: keeps the carry and product rows of a block in L1/L2. Narrower blocks only to feed
+# threads: each row of a block pays ~30 ns of loop setup (measured: 1000 x 1024 on one thread takes 1.9x as long
+# in blocks of 128 as in one block of 1024).
 _MAX_BLOCK = 2048
 
 
@@ -83,7 +91,7 @@ def _as_tn(x: torch.Tensor, name: str) -> torch.Tensor:
 def _as_f32(x: torch.Tensor, name: str) -> torch.Tensor:
     """Contiguous float32 (a no-op for a contiguous float32 tensor)."""
     if not (x.is_floating_point() or x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)):
-        raise ValueError(f"{name}: expected a float tensor, found dtype {x.dtype}")
+        raise ValueError(f"{name}: expected a float (or integer) tensor, found dtype {x.dtype}")
     return x.to(torch.float32).contiguous()
 
 
@@ -160,6 +168,7 @@ def compute_gae(
     time_outs: torch.Tensor | None = None,
     backend: Backend = "auto",
     num_threads: int | None = None,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns by RSL-RL's GAE; inputs are never modified.
 
@@ -175,6 +184,9 @@ def compute_gae(
         backend: ``"numba"`` (CPU tensors only), ``"torch"`` (any device), or ``"auto"``: numba on CPU, torch
             elsewhere.
         num_threads: CPU threads for the numba backend; default ``torch.get_num_threads()``.
+        out: optional ``(advantages, returns)`` buffers to write into and return: contiguous float32 ``[T, N]`` on
+            the inputs' device, not overlapping the inputs. Reusing buffers (as RSL-RL's storage does) saves the
+            page faults of fresh memory, which can cost more than the computation itself.
 
     Returns:
         ``(advantages, returns)``, both float32 ``[T, N]`` on the inputs' device, not normalised (see
@@ -182,15 +194,28 @@ def compute_gae(
     """
     _check_coefficients(gamma, lam)
     r, v, d, lv, to = _prepare(rewards, values, dones, last_values, time_outs)
+    if out is None:
+        adv = torch.empty(r.shape, dtype=torch.float32, device=r.device)
+        ret = torch.empty(r.shape, dtype=torch.float32, device=r.device)
+    else:
+        adv, ret = out
+        for name, x in (("out[0]", adv), ("out[1]", ret)):
+            if x.shape != r.shape or x.dtype != torch.float32 or x.device != r.device or not x.is_contiguous():
+                raise ValueError(
+                    f"{name}: expected a contiguous float32 tensor of shape {list(r.shape)} on {r.device}, found "
+                    f"{x.dtype} {list(x.shape)} on {x.device}"
+                )
     if backend == "auto":
         backend = "numba" if r.device.type == "cpu" else "torch"
     if backend == "torch":
-        return _gae_torch(r, v, d, lv, to, gamma, lam)
-    if backend != "numba":
+        _gae_torch(r, v, d, lv, to, gamma, lam, adv, ret)
+    elif backend != "numba":
         raise ValueError(f"backend: expected 'auto', 'numba' or 'torch', found {backend!r}")
-    if r.device.type != "cpu":
+    elif r.device.type != "cpu":
         raise ValueError(f"backend 'numba' needs CPU tensors, found {r.device}; use backend='torch' or 'auto'")
-    return _gae_numba(r, v, d, lv, to, gamma, lam, num_threads or torch.get_num_threads())
+    else:
+        _gae_numba(r, v, d, lv, to, gamma, lam, num_threads or torch.get_num_threads(), adv, ret)
+    return adv, ret
 
 
 def bootstrap_time_outs(
@@ -288,16 +313,18 @@ def _gae_torch(
     to: torch.Tensor | None,
     gamma: float,
     lam: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE on any device with ``ceil(log2 T)`` rounds of whole-tensor ops; ``[T, N]`` float32 in and out."""
+    adv: torch.Tensor,
+    ret: torch.Tensor,
+) -> None:
+    """GAE on any device with ``ceil(log2 T)`` rounds of whole-tensor ops; writes float32 ``[T, N]`` adv and ret."""
     nd_gamma = (d == 0).to(torch.float32) * gamma  # not_done * gamma, RSL-RL's operation order
     if to is not None:
         r = r + gamma * (v * (to != 0).to(torch.float32))
     next_v = torch.cat([v[1:], lv.unsqueeze(0)], dim=0)
     b = r + nd_gamma * next_v - v  # delta_t
     c = nd_gamma * lam
-    adv = _reverse_linear_scan(c, b)
-    return adv, adv + v
+    adv.copy_(_reverse_linear_scan(c, b))
+    torch.add(adv, v, out=ret)
 
 
 def _reverse_linear_scan(c: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -306,11 +333,11 @@ def _reverse_linear_scan(c: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Invariant after the round with offset ``s``: ``A_t = sum_{u=t}^{t+2s-1} (c_t...c_{u-1}) b_u`` and ``C_t`` is the
     product of ``c`` over the same window, so ``A_t + C_t * A_{t+2s}`` doubles the window. Rows ``t >= T - s`` are
     already final and are copied. Buffers ping-pong because torch may not read and write overlapping slices in
-    one op. Shapes ``[T, ...]``; ``b`` and ``c`` are not modified.
+    one op. Shapes ``[T, ...]``; ``b`` and ``c`` are used as scratch space (the caller's own temporaries).
     """
     steps = b.shape[0]
-    a_cur, a_nxt = b.clone(), torch.empty_like(b)
-    c_cur, c_nxt = c.clone(), torch.empty_like(c)
+    a_cur, a_nxt = b, torch.empty_like(b)
+    c_cur, c_nxt = c, torch.empty_like(c)
     s = 1
     while s < steps:
         head = steps - s
@@ -328,15 +355,18 @@ def _reverse_linear_scan(c: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------------------------
 # Numba backend
 # ----------------------------------------------------------------------------------------------------------------
-# Every kernel is serial and releases the GIL; parallelism comes from calling them on disjoint task ranges from a
-# small pool of Python threads. numba's own parallel layer is avoided on purpose: its OpenMP layer loads a second
-# libgomp next to torch's, and two spinning OpenMP pools on the same cores stall each other for milliseconds.
+# Every kernel is serial and releases the GIL; parallelism comes from calling them on disjoint tasks from a small
+# pool of Python threads. numba's own parallel layer is avoided on purpose: its OpenMP layer loads the system
+# libgomp next to torch's own copy, and the two spinning OpenMP pools stall each other (measured here: ~8 ms per
+# call instead of 0.1-2 ms once torch had run ops in the same process); its workqueue layer is not safe to call
+# from several threads at once.
 #
-# Arrays are passed flat (``[T * N]``) with unsigned offsets: numba then emits neither slices (each one costs
-# reference-count updates) nor negative-index wraparound code. The per-step work over a run of envs lives in its
-# own function (_row, _fix_row): when the env loop is compiled inside the time loop, LLVM hoists the runtime alias
-# check of the vectorised env loop out of the time loop, where it always fails, and the code runs scalar (4x
-# slower). A lone env (N = 1) is a chain with no env loop at all; it has its own kernel, _chains.
+# Arrays are passed flat (``[T * N]``) and indexed with unsigned offsets, so numba emits neither slices (each costs
+# reference-count updates) nor negative-index wraparound code. The offset of each time step's row is read from a
+# small array (``offs``) instead of computed: when the env loop's addresses are affine in t, LLVM hoists the
+# runtime alias check of the vectorised env loop out of the time loop, where it always fails, and the loop runs
+# scalar (4x slower). A lone env (N = 1) has no env loop to vectorise; its kernel, _chains, vectorises over a tile
+# of steps instead and runs four independent chains in the serial part.
 
 
 @njit(cache=True, nogil=True)
@@ -411,7 +441,7 @@ def _fix_tasks(v, d, offs, envs, gamma, lam, adv, ret, carries, chunk, block, lo
             q = np.float32(1.0)
             carry1 = carries[k, n0]
             for t in range(t0 + chunk - 1, t0 - 1, -1):
-                i = offs[t] + np.uint64(n0)
+                i = t * envs + n0
                 q = q * (np.float32(d[i] == 0) * gl)
                 term = q * carry1
                 if term == 0:
@@ -569,24 +599,34 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 
 def _run_parallel(fn: Callable[[int, int], object], n_tasks: int, n_threads: int) -> None:
-    """Run ``fn(lo, hi)`` on ``n_threads`` contiguous slices of ``range(n_tasks)``, the first on this thread."""
+    """Run ``fn(i, i + 1)`` for every task ``i < n_tasks`` on up to ``n_threads`` threads (this one included).
+
+    Threads take the next task as they finish one, so a thread the OS delays (the host is shared, and torch's
+    OpenMP workers may still be spinning after a torch op) does not hold the others back.
+    """
     n_threads = max(1, min(n_threads, n_tasks))
     if n_threads == 1:
         fn(0, n_tasks)
         return
-    bounds = [n_tasks * i // n_threads for i in range(n_threads + 1)]
-    futures = [_pool(n_threads - 1).submit(fn, bounds[i], bounds[i + 1]) for i in range(1, n_threads)]
-    fn(bounds[0], bounds[1])
+    counter = itertools.count()  # next() on it is atomic under the GIL
+
+    def worker() -> None:
+        while (task := next(counter)) < n_tasks:
+            fn(task, task + 1)
+
+    futures = [_pool(n_threads - 1).submit(worker) for _ in range(n_threads - 1)]
+    worker()
     for future in futures:
         future.result()
 
 
-def _plan(steps: int, envs: int, n_threads: int) -> tuple[int, int, int]:
-    """Work split: ``(chunk, n_chunks, block)``: time chunk length and count, env block width.
+def _plan(steps: int, envs: int, n_threads: int) -> tuple[int, int, int, int]:
+    """Work split: ``(chunk, n_chunks, block, n_threads)``: time chunk length and count, env block width, threads.
 
-    Env blocks are the cheap way to use threads (no fix-up pass); time chunks are added only when there are
-    fewer blocks than threads, and kept at least ``_MIN_CHUNK`` long so the fix-up stays small. N = 1 always
-    uses chunks in groups of four, for latency even on one thread.
+    Env blocks are the cheap way to use threads (no fix-up pass): one per thread, or more when capped at
+    ``_MAX_BLOCK``. Time chunks are added only when there are fewer blocks than threads, at least ``_MIN_CHUNK``
+    long so the fix-up stays small. N = 1 always uses chunks, in groups of four, for latency even on one thread.
+    Finer splits (more tasks than threads) measured slower on this 2-core host at every benchmark shape.
     """
     if steps * envs < _PARALLEL_MIN_ELEMENTS:
         n_threads = 1
@@ -597,9 +637,19 @@ def _plan(steps: int, envs: int, n_threads: int) -> tuple[int, int, int]:
     else:
         block = min(_MAX_BLOCK, -(-envs // (n_threads * _LANE)) * _LANE)
         nb = -(-envs // block)
-        n_chunks = min(-(-n_threads // nb), max_chunks)
+        n_chunks = min(-(-n_threads // nb), max_chunks) if nb < n_threads else 1
     chunk = -(-steps // n_chunks)
-    return chunk, -(-steps // chunk), block
+    return chunk, -(-steps // chunk), block, n_threads
+
+
+@functools.lru_cache(maxsize=8)
+def _row_offsets(steps: int, envs: int) -> np.ndarray:
+    """``[t * N for t < T]`` as uint64, read from memory by the vectorised kernels (see _rows_tasks).
+
+    Cached per shape (the kernels only read it): a fresh array of 8 bytes per step would cost page faults on
+    every call (0.8 MB at T = 100000).
+    """
+    return np.arange(steps, dtype=np.uint64) * np.uint64(envs)
 
 
 def _gae_numba(
@@ -611,22 +661,22 @@ def _gae_numba(
     gamma: float,
     lam: float,
     n_threads: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Numba GAE on the contiguous CPU tensors of :func:`_prepare`; returns float32 ``[T, N]``."""
+    adv: torch.Tensor,
+    ret: torch.Tensor,
+) -> None:
+    """Numba GAE on the contiguous CPU tensors of :func:`_prepare`; writes float32 ``[T, N]`` ``adv`` and ``ret``."""
     steps, envs = r.shape
-    adv = torch.empty(steps, envs, dtype=torch.float32)
-    ret = torch.empty(steps, envs, dtype=torch.float32)
     if steps == 0 or envs == 0:
-        return adv, ret
+        return
     # Zero-copy flat numpy views; the kernels write the outputs through them.
     rf, vf, df, lvf = r.view(-1).numpy(), v.view(-1).numpy(), d.view(-1).numpy(), lv.numpy()
     af, retf = adv.view(-1).numpy(), ret.view(-1).numpy()
     has_to = to is not None
     tof = to.view(-1).numpy() if to is not None else np.zeros(1, np.uint8)
     g32, l32 = np.float32(gamma), np.float32(lam)
-    chunk, n_chunks, block = _plan(steps, envs, n_threads)
+    chunk, n_chunks, block, n_threads = _plan(steps, envs, n_threads)
     prods = np.empty((n_chunks, envs), np.float32)
-    offs = np.arange(steps, dtype=np.uint64) * np.uint64(envs)  # row offsets, read from memory: see _rows_tasks
+    offs = _row_offsets(steps, envs) if envs > 1 else np.zeros(0, np.uint64)  # N = 1 needs none
     if envs == 1:
         _run_parallel(
             lambda lo, hi: _chains_tasks(rf, vf, df, tof, lvf, steps, g32, l32, has_to, af, retf, prods, chunk, lo, hi),
@@ -648,4 +698,3 @@ def _gae_numba(
             (n_chunks - 1) * -(-envs // block),
             n_threads,
         )
-    return adv, ret
