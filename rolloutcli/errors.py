@@ -54,6 +54,23 @@ class RolloutError(Exception):
         return cls(f"{path}: {len(problems)} problems: {joined}", exit_code=exit_code, problems=problems)
 
 
+def one_line(text: str) -> str:
+    """``text`` as one printable line: line breaks become spaces, other control characters are escaped.
+
+    Messages quote HDF5 errors (which span lines) and names read from untrusted files (which may hold
+    newlines or terminal escape sequences); the CLI prints every error through this.
+    """
+    out = []
+    for char in text:
+        if char in "\r\n\t\v\f":
+            out.append(" ")
+        elif char.isprintable():
+            out.append(char)
+        else:
+            out.append(char.encode("unicode_escape").decode("ascii"))
+    return "".join(out).strip()
+
+
 def problem_line(path: object, field: str, expected: str, found: str, fix: str = "") -> str:
     """One problem as a sentence naming the file, the field, what was expected and what was found."""
     text = f"{path}: field '{field}': expected {expected}, found {found}"

@@ -6,21 +6,41 @@ RSL-RL: ``rewards``, ``dones``, ``values``, ``actions_log_prob``, ``returns``, `
 ``[T, layers, N, H]``. Observations are a dict of ``[T, N, ...]`` tensors, or a TensorDict when one was
 given. Beyond RSL-RL, a storage loaded from a file also carries ``time_outs [T, N, 1]`` and
 ``last_values [N, 1]`` (None when the file has none), ``distribution_names`` and ``attrs``.
+
+The three generators (``generator``, ``mini_batch_generator``, ``recurrent_mini_batch_generator``) have
+RSL-RL's signatures and, by default, yield exactly what RSL-RL yields (a drop-in: one feed-forward order drawn
+from the global RNG and reused every epoch, the remainder dropped; fixed env groups). Keyword options
+(``parity=False``, ``shuffle_envs``, ``generator``) give ``rolloutcli batch``'s default behaviour instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from rolloutcli.core.batching import feedforward_order, parity_sizes, recurrent_groups, split_sizes
+from rolloutcli.core.trajectories import hidden_states_at_starts, split_and_pad_trajectories, trajectory_spans
 
 HiddenState = torch.Tensor | tuple[torch.Tensor, ...] | None
 
 
 def _is_tensordict(value: object) -> bool:
     return type(value).__name__ == "TensorDict"
+
+
+def _select(observations: Any, fn: Callable[[Any], Any]) -> Any:
+    """Apply an indexing ``fn`` to observations: to the TensorDict itself, or to each tensor of a dict."""
+    if _is_tensordict(observations):
+        return fn(observations)
+    return {key: fn(value) for key, value in observations.items()}
+
+
+def _unwrap(states: tuple[torch.Tensor, ...]) -> HiddenState:
+    """RSL-RL's hidden-state convention: a GRU's single tensor bare, an LSTM's (h, c) as a tuple."""
+    return states[0] if len(states) == 1 else states
 
 
 class RolloutStorage:
@@ -163,6 +183,153 @@ class RolloutStorage:
                 )
             for buffer, part in zip(getattr(self, attribute), parts, strict=True):
                 buffer[self.step].copy_(part)
+
+    # --- generators (RSL-RL's signatures; thin over rolloutcli.core.batching) ----------------------------
+    def generator(self) -> Iterator[RolloutStorage.Batch]:
+        """Distillation: one batch per time step, in time order (RSL-RL's ``generator``).
+
+        Yields ``Batch(observations [N, ...], privileged_actions [N, *action_shape], dones [N, 1])``.
+        """
+        if self.training_type != "distillation":
+            raise ValueError("This function is only available for distillation training.")
+        for i in range(self.num_transitions_per_env):
+            yield RolloutStorage.Batch(
+                observations=_select(self.observations, lambda x, i=i: x[i]),
+                privileged_actions=self.privileged_actions[i],
+                dones=self.dones[i],
+            )
+
+    def mini_batch_generator(
+        self,
+        num_mini_batches: int,
+        num_epochs: int = 8,
+        *,
+        parity: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[RolloutStorage.Batch]:
+        """Feed-forward mini-batches of the ``T * N`` rows flattened time-major (row ``t * N + n``).
+
+        Each batch holds ``observations [B, ...]``, ``actions [B, *A]``, ``values``, ``advantages``,
+        ``returns``, ``old_actions_log_prob`` ``[B, 1]`` and ``old_distribution_params`` ``([B, ...], ...)``.
+
+        Args:
+            num_mini_batches: M.
+            num_epochs: passes over the data.
+            parity: True (default, RSL-RL's behaviour): one ``torch.randperm(M * (T * N // M))`` drawn on the
+                first ``next()`` and reused every epoch, ``T * N % M`` rows never used. With ``generator=None``
+                it is drawn from the global RNG on ``self.device``, exactly as RSL-RL does. False: a fresh
+                ``torch.randperm(T * N, generator=generator)`` every epoch (drawn on the CPU), mini-batch
+                sizes differing by at most one, so every row is used once per epoch (the order of
+                ``rolloutcli batch`` with the same seed).
+            generator: source of the permutations (None: the global RNG).
+        """
+        if self.training_type != "rl":
+            raise ValueError("This function is only available for reinforcement learning training.")
+        total = self.num_envs * self.num_transitions_per_env
+        indices: torch.Tensor | None = None
+        if parity:
+            sizes = parity_sizes(total, num_mini_batches)
+            if generator is None:
+                indices = torch.randperm(sum(sizes), requires_grad=False, device=self.device)
+            else:
+                indices = feedforward_order(total, num_mini_batches, parity=True, generator=generator).to(self.device)
+        else:
+            sizes = split_sizes(total, num_mini_batches)
+        observations = _select(self.observations, lambda x: x.flatten(0, 1))
+        actions, values = self.actions.flatten(0, 1), self.values.flatten(0, 1)
+        advantages, returns = self.advantages.flatten(0, 1), self.returns.flatten(0, 1)
+        log_prob = self.actions_log_prob.flatten(0, 1)
+        params = tuple(p.flatten(0, 1) for p in self.distribution_params) if self.distribution_params else None
+        for _ in range(num_epochs):
+            if not parity:
+                order = feedforward_order(total, num_mini_batches, parity=False, generator=generator)
+                indices = order.to(self.device)
+            assert indices is not None
+            start = 0
+            for size in sizes:
+                batch_idx = indices[start : start + size]
+                start += size
+                yield RolloutStorage.Batch(
+                    observations=_select(observations, lambda x, idx=batch_idx: x[idx]),
+                    actions=actions[batch_idx],
+                    values=values[batch_idx],
+                    advantages=advantages[batch_idx],
+                    returns=returns[batch_idx],
+                    old_actions_log_prob=log_prob[batch_idx],
+                    old_distribution_params=tuple(p[batch_idx] for p in params) if params is not None else None,
+                )
+
+    def recurrent_mini_batch_generator(
+        self,
+        num_mini_batches: int,
+        num_epochs: int = 8,
+        *,
+        parity: bool = True,
+        shuffle_envs: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[RolloutStorage.Batch]:
+        """Mini-batches of env groups for recurrent networks (RSL-RL's ``recurrent_mini_batch_generator``).
+
+        For a group of G envs with M trajectories: ``observations`` split at dones and padded ``[T, M, ...]``
+        with ``masks [T, M]``; ``actions``, ``values``, ``advantages``, ``returns``, ``old_actions_log_prob``
+        and distribution parameters ``[T, G, ...]``; ``hidden_states = (actor, critic)``, each the state at
+        every trajectory's first step ``[layers, M, H]`` (a tuple (h, c) for an LSTM, None when not saved).
+
+        Args:
+            parity: True (default, RSL-RL's behaviour): contiguous groups of ``N // M`` envs, the last
+                ``N % M`` envs never used. False: contiguous groups differing by at most one env.
+            shuffle_envs: (``parity=False`` only) new groups each epoch, drawn from ``generator``.
+            generator: source of the env shuffles (None: the global RNG).
+        """
+        if self.training_type != "rl":
+            raise ValueError("This function is only available for reinforcement learning training.")
+        fixed: list[dict[str, Any]] | None = None
+        for _ in range(num_epochs):
+            if fixed is None or shuffle_envs:
+                groups = recurrent_groups(
+                    self.num_envs, num_mini_batches, parity=parity, shuffle=shuffle_envs, generator=generator
+                )
+                batches = [self._recurrent_batch(group) for group in groups]
+                fixed = None if shuffle_envs else batches
+            for fields in fixed or batches:
+                yield RolloutStorage.Batch(**fields)
+
+    def _recurrent_batch(self, envs: torch.Tensor) -> dict[str, Any]:
+        """The fields of one recurrent mini-batch over the env ids ``envs`` (ascending)."""
+        count = envs.numel()
+        if int(envs[-1]) - int(envs[0]) + 1 == count:  # contiguous: views, like RSL-RL's slices
+            first = int(envs[0])
+
+            def take(x: Any) -> Any:
+                return x[:, first : first + count]
+        else:
+            index = envs.to(self.device)
+
+            def take(x: Any) -> Any:
+                return x[:, index]
+
+        dones = take(self.dones)
+        observations, masks = split_and_pad_trajectories(_select(self.observations, take), dones)
+        spans = trajectory_spans(dones)
+        hidden: list[HiddenState] = []
+        for saved in (self.saved_hidden_state_a, self.saved_hidden_state_c):
+            if saved is None:
+                hidden.append(None)
+                continue
+            states = hidden_states_at_starts([take(state.transpose(1, 2)).transpose(1, 2) for state in saved], spans)
+            hidden.append(_unwrap(tuple(states)))
+        params = self.distribution_params
+        return {
+            "observations": observations,
+            "actions": take(self.actions),
+            "values": take(self.values),
+            "advantages": take(self.advantages),
+            "returns": take(self.returns),
+            "old_actions_log_prob": take(self.actions_log_prob),
+            "old_distribution_params": tuple(take(p) for p in params) if params else None,
+            "hidden_states": (hidden[0], hidden[1]),
+            "masks": masks,
+        }
 
     # --- HDF5 -----------------------------------------------------------------------------------------
     @classmethod

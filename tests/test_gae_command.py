@@ -13,8 +13,9 @@ from conftest import SAMPLE
 from rollout_factory import rollout_arrays, write_rollout
 
 
-def rsl_rl_reference(arrays: dict[str, np.ndarray], gamma: float, lam: float, bootstrap: bool = True,
-                     normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def rsl_rl_reference(
+    arrays: dict[str, np.ndarray], gamma: float, lam: float, bootstrap: bool = True, normalize: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RSL-RL's process_env_step time-out correction + compute_returns, transcribed step by step."""
     rewards = torch.tensor(arrays["rewards"]).reshape(arrays["rewards"].shape[:2]).float().unsqueeze(-1)
     values = torch.tensor(arrays["values"]).float().reshape(rewards.shape)
@@ -51,7 +52,7 @@ def test_matches_rsl_rl(tmp_path: Path, cli, normalize: bool) -> None:
     arrays = rollout_arrays(T=40, N=7, end_rate=0.15)
     source = write_rollout(tmp_path / "in.h5", arrays)
     flag = "--normalize" if normalize else "--no-normalize"
-    code, out, err = cli("gae", source, "-o", tmp_path / "out.h5", "--gamma", "0.97", "--lam", "0.9", flag, "-q")
+    code, _, err = cli("gae", source, "-o", tmp_path / "out.h5", "--gamma", "0.97", "--lam", "0.9", flag, "-q")
     assert code == 0, err
     result = _read(tmp_path / "out.h5")
     advantages, returns = rsl_rl_reference(arrays, 0.97, 0.9, normalize=normalize)
@@ -109,9 +110,11 @@ def test_missing_last_values(tmp_path: Path, cli) -> None:
     source = write_rollout(tmp_path / "in.h5", arrays)
     code, out, err = cli("gae", source, "-o", tmp_path / "o.h5")
     assert code == 1 and out == ""
-    assert err.strip() == (f"error: {source}: field 'last_values': expected a dataset [N] of V(s_T) to bootstrap "
-                           "the rollout end, found nothing. Record it, or pass --last-values zero to treat the end "
-                           "of the rollout as terminal.")
+    assert err.strip() == (
+        f"error: {source}: field 'last_values': expected a dataset [N] of V(s_T) to bootstrap "
+        "the rollout end, found nothing. Record it, or pass --last-values zero to treat the end "
+        "of the rollout as terminal."
+    )
     assert not (tmp_path / "o.h5").exists()
     code, _, _ = cli("gae", source, "-o", tmp_path / "o.h5", "--last-values", "zero", "-q")
     assert code == 0
@@ -147,8 +150,10 @@ def test_output_rules(tmp_path: Path, cli) -> None:
     assert cli("gae", source, "-o", tmp_path / "o.h5", "-q")[0] == 0
     code, _, err = cli("gae", source, "-o", tmp_path / "o.h5")
     assert code == 2
-    assert err.strip() == f"error: {tmp_path / 'o.h5'}: output already exists; refusing to overwrite it. Pass " \
-                          "--overwrite to replace it."
+    assert (
+        err.strip() == f"error: {tmp_path / 'o.h5'}: output already exists; refusing to overwrite it. Pass "
+        "--overwrite to replace it."
+    )
     assert cli("gae", source, "-o", tmp_path / "o.h5", "--overwrite", "-q")[0] == 0
     code, _, err = cli("gae", source, "-o", tmp_path / "missing" / "o.h5")
     assert code == 3 and "does not exist" in err
@@ -169,8 +174,7 @@ def test_in_place(tmp_path: Path, cli) -> None:
 
 
 def test_untouched_datasets_copied_verbatim(tmp_path: Path, cli) -> None:
-    source = write_rollout(tmp_path / "in.h5", rollout_arrays(T=32, N=4), compression="gzip", shuffle=True,
-                           chunks=True)
+    source = write_rollout(tmp_path / "in.h5", rollout_arrays(T=32, N=4), compression="gzip", shuffle=True, chunks=True)
     assert cli("gae", source, "-o", tmp_path / "o.h5", "-q")[0] == 0
     with h5py.File(source, "r") as a, h5py.File(tmp_path / "o.h5", "r") as b:
         for name in ("observations/policy", "actions", "dones", "hidden_states/actor/0"):

@@ -39,8 +39,17 @@ def test_known_episode_counts(tmp_path: Path, cli) -> None:
     assert episodes["unfinished"] == 1  # env 1 never ends
     assert episodes["per_env"]["counts"] == [3, 0, 10]
     # fully recorded lengths: env 0: 3 (3..5), 4 (6..9); env 2: nine episodes of length 1
-    assert episodes["lengths"] == {"count": 11, "min": 1, "mean": 16 / 11, "max": 4,
-                                   "p5": 1, "p25": 1, "p50": 1, "p75": 1, "p95": 4}
+    assert episodes["lengths"] == {
+        "count": 11,
+        "min": 1,
+        "mean": 16 / 11,
+        "max": 4,
+        "p5": 1,
+        "p25": 1,
+        "p50": 1,
+        "p75": 1,
+        "p95": 4,
+    }
     assert report["rewards"]["mean"] == 14.5 and report["rewards"]["min"] == 0 and report["rewards"]["max"] == 29
     assert abs(report["rewards"]["std"] - np.arange(30).std(ddof=1)) < 1e-9
     # RSL-RL's split: dones[:-1] count + N = (2 + 0 + 9) + 3
@@ -83,16 +92,22 @@ def test_warnings(tmp_path: Path, cli) -> None:
 
 
 def test_help_does_not_import_torch() -> None:
-    code = ("import sys, time; t = time.perf_counter(); from rolloutcli.cli import main; "
-            "rc = main(['--help']); assert rc == 0, rc; "
-            "assert 'torch' not in sys.modules and 'h5py' not in sys.modules, 'heavy import'")
+    code = (
+        "import sys, time; t = time.perf_counter(); from rolloutcli.cli import main; "
+        "rc = main(['--help']); assert rc == 0, rc; "
+        "assert 'torch' not in sys.modules and 'h5py' not in sys.modules, 'heavy import'"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "inspect" in result.stdout
 
 
 def test_python_dash_m(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "rolloutcli", "inspect", str(SAMPLE), "--json", "-q"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "rolloutcli", "inspect", str(SAMPLE), "--json", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["N"] == 16

@@ -22,7 +22,7 @@ def _secret_file(tmp_path: Path) -> Path:
     return target
 
 
-def _with_extra(tmp_path: Path, build) -> Path:  # noqa: ANN001
+def _with_extra(tmp_path: Path, build) -> Path:
     path = make_rollout(tmp_path / "hostile.h5")
     with h5py.File(path, "a") as handle:
         build(handle)
@@ -90,13 +90,21 @@ def _virtual_dataset(tmp_path: Path) -> Path:
 HOSTILE = {
     "external link": (_external_link, "field 'extra_link': expected data inside the file, found an external link"),
     "external link below a group": (_external_link_below_group, "field 'deep/er/link': expected data inside the file"),
-    "external link as a field": (_external_rewards, "field 'rewards': expected data inside the file, found an "
-                                 "external link to another file; refusing to follow it. Pass --allow-external"),
+    "external link as a field": (
+        _external_rewards,
+        "field 'rewards': expected data inside the file, found an "
+        "external link to another file; refusing to follow it. Pass --allow-external",
+    ),
     "soft link": (_soft_link, "field 'rewards': expected a dataset or group, found a soft link to '/values'"),
-    "external raw storage": (_external_raw_storage, "field 'rewards': expected data stored in the file, found "
-                             "external raw storage in another file; refusing to read outside the file."),
-    "virtual dataset": (_virtual_dataset, "field 'rewards': expected data stored in the file, found a virtual "
-                        "dataset that reads other files; refusing."),
+    "external raw storage": (
+        _external_raw_storage,
+        "field 'rewards': expected data stored in the file, found "
+        "external raw storage in another file; refusing to read outside the file.",
+    ),
+    "virtual dataset": (
+        _virtual_dataset,
+        "field 'rewards': expected data stored in the file, found a virtual dataset that reads other files; refusing.",
+    ),
 }
 
 
@@ -134,12 +142,15 @@ def test_unknown_filter_refused(tmp_path: Path, cli) -> None:
     with h5py.File(path, "a") as handle:
         del handle["rewards"]
         # 32001 is blosc: not built into h5py, so HDF5 would search plugin folders for it
-        handle.create_dataset("rewards", shape=(12, 3), dtype=np.float32, chunks=(12, 3),
-                              compression=32001, allow_unknown_filter=True)
+        handle.create_dataset(
+            "rewards", shape=(12, 3), dtype=np.float32, chunks=(12, 3), compression=32001, allow_unknown_filter=True
+        )
     code, _, err = cli("inspect", path)
     assert code == 4
-    assert "field 'rewards': expected filters gzip/shuffle/fletcher32/lzf/scaleoffset, found unknown filter id " \
-           "32001" in err
+    assert (
+        "field 'rewards': expected filters gzip/shuffle/fletcher32/lzf/scaleoffset, found unknown filter id "
+        "32001" in err
+    )
 
 
 def test_huge_declared_shape_refused(tmp_path: Path, cli) -> None:
@@ -148,20 +159,25 @@ def test_huge_declared_shape_refused(tmp_path: Path, cli) -> None:
         handle.create_dataset("extra_huge", shape=(2**31, 2**31, 2**31), dtype=np.float32, chunks=(1, 1, 1024))
     code, _, err = cli("inspect", path)
     assert code == 4
-    assert "field 'extra_huge': expected at most 1099511627776 bytes, found a declared size of " \
-           f"{(2**31) ** 3 * 4} bytes" in err
+    assert (
+        "field 'extra_huge': expected at most 1099511627776 bytes, found a declared size of "
+        f"{(2**31) ** 3 * 4} bytes" in err
+    )
 
 
 def test_decompression_bomb_chunk_refused(tmp_path: Path, cli) -> None:
     path = make_rollout(tmp_path / "bomb.h5")
     with h5py.File(path, "a") as handle:
         # one 512 MiB chunk of zeros: a few KB on disk, 512 MiB to decompress on first read
-        handle.create_dataset("observations/bomb", shape=(12, 3, 2**27), dtype=np.float32,
-                              chunks=(1, 1, 2**27), compression="gzip")
+        handle.create_dataset(
+            "observations/bomb", shape=(12, 3, 2**27), dtype=np.float32, chunks=(1, 1, 2**27), compression="gzip"
+        )
     code, _, err = cli("inspect", path)
     assert code == 4
-    assert "field 'observations/bomb': expected chunks of at most 268435456 bytes, found chunks of 536870912 " \
-           "bytes ((1, 1, 134217728)); refusing (decompression bomb)." in err
+    assert (
+        "field 'observations/bomb': expected chunks of at most 268435456 bytes, found chunks of 536870912 "
+        "bytes ((1, 1, 134217728)); refusing (decompression bomb)." in err
+    )
 
 
 def test_fifo_input_refused(tmp_path: Path, cli) -> None:
@@ -169,8 +185,10 @@ def test_fifo_input_refused(tmp_path: Path, cli) -> None:
     os.mkfifo(fifo)
     code, _, err = cli("inspect", fifo)
     assert code == 4
-    assert err.strip() == f"error: {fifo}: not a regular file (a FIFO, socket or device); refusing to read it. " \
-                          "Copy the data into a regular .h5 file."
+    assert (
+        err.strip() == f"error: {fifo}: not a regular file (a FIFO, socket or device); refusing to read it. "
+        "Copy the data into a regular .h5 file."
+    )
 
 
 def test_not_hdf5(tmp_path: Path, cli) -> None:
@@ -178,8 +196,10 @@ def test_not_hdf5(tmp_path: Path, cli) -> None:
     path.write_text("hello, not HDF5\n" * 100)
     code, out, err = cli("inspect", path)
     assert code == 1 and out == ""
-    assert err.strip() == f"error: {path}: not an HDF5 file (file signature not found). rolloutcli reads HDF5 " \
-                          "rollout files; check the path."
+    assert (
+        err.strip() == f"error: {path}: not an HDF5 file (file signature not found). rolloutcli reads HDF5 "
+        "rollout files; check the path."
+    )
 
 
 def test_truncated(tmp_path: Path, cli) -> None:

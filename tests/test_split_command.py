@@ -61,8 +61,9 @@ def test_matches_rsl_rl_on_every_field(tmp_path: Path, cli) -> None:
     assert (per_env == 30).all()  # masks sum to T per env
 
 
-@pytest.mark.parametrize("args", [[], ["--pad-to", "longest"], ["--max-length", "4"],
-                                  ["--pad-to", "longest", "--max-length", "7"]])
+@pytest.mark.parametrize(
+    "args", [[], ["--pad-to", "longest"], ["--max-length", "4"], ["--pad-to", "longest", "--max-length", "7"]]
+)
 def test_unpad_is_exact(tmp_path: Path, cli, args: list[str]) -> None:
     arrays = rollout_arrays(T=25, N=5, end_rate=0.1, hidden="gru")
     arrays["observations/image"] = (np.arange(25 * 5 * 3).reshape(25, 5, 3) % 251).astype(np.uint8)
@@ -120,8 +121,10 @@ def test_unpad_refuses_rollout_file(tmp_path: Path, cli) -> None:
     source = write_rollout(tmp_path / "in.h5", rollout_arrays())
     code, _, err = cli("split", "--unpad", source, "-o", tmp_path / "o.h5")
     assert code == 1
-    assert err.strip() == (f"error: {source}: field '/ (attribute rolloutcli_format)': expected 'trajectories' (a "
-                           "file written by rolloutcli split), found 'rollout'. --unpad reads the output of split.")
+    assert err.strip() == (
+        f"error: {source}: field '/ (attribute rolloutcli_format)': expected 'trajectories' (a "
+        "file written by rolloutcli split), found 'rollout'. --unpad reads the output of split."
+    )
 
 
 def test_usage_errors(tmp_path: Path, cli) -> None:
@@ -141,11 +144,26 @@ DTYPES = [np.float32, np.float16, np.float64, np.uint8, np.int8, np.uint16, np.i
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(T=st.integers(1, 9), N=st.integers(1, 5), rate=st.floats(0, 1), dtype=st.sampled_from(DTYPES),
-       seed=st.integers(0, 1000), max_length=st.one_of(st.none(), st.integers(1, 5)),
-       pad_to=st.sampled_from(["rollout", "longest"]))
-def test_round_trip_property(tmp_path_factory: pytest.TempPathFactory, cli, T: int, N: int, rate: float,
-                             dtype: type, seed: int, max_length: int | None, pad_to: str) -> None:
+@given(
+    T=st.integers(1, 9),
+    N=st.integers(1, 5),
+    rate=st.floats(0, 1),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 1000),
+    max_length=st.one_of(st.none(), st.integers(1, 5)),
+    pad_to=st.sampled_from(["rollout", "longest"]),
+)
+def test_round_trip_property(
+    tmp_path_factory: pytest.TempPathFactory,
+    cli,
+    T: int,
+    N: int,
+    rate: float,
+    dtype: type,
+    seed: int,
+    max_length: int | None,
+    pad_to: str,
+) -> None:
     folder = tmp_path_factory.mktemp("split")
     arrays = rollout_arrays(T, N, seed=seed, end_rate=rate, hidden="gru")
     rng = np.random.default_rng(seed)

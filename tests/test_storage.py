@@ -8,6 +8,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import SAMPLE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rollout_factory import make_rollout, rollout_arrays, write_rollout
@@ -15,10 +16,9 @@ from rsl_rl.storage import RolloutStorage as RslStorage
 from tensordict import TensorDict
 
 from rolloutcli import RolloutStorage
-from conftest import SAMPLE
 
 
-def _fill(storage_cls, T: int = 5, N: int = 4, lstm: bool = True, tensordict: bool = True):  # noqa: ANN001, ANN202
+def _fill(storage_cls, T: int = 5, N: int = 4, lstm: bool = True, tensordict: bool = True):
     generator = torch.Generator().manual_seed(0)
     obs = {"policy": torch.zeros(N, 3), "critic": torch.zeros(N, 2)}
     if tensordict:
@@ -26,8 +26,10 @@ def _fill(storage_cls, T: int = 5, N: int = 4, lstm: bool = True, tensordict: bo
     storage = storage_cls("rl", N, T, obs, (2,), "cpu")
     for _ in range(T):
         transition = storage_cls.Transition()
-        observations = {"policy": torch.randn(N, 3, generator=generator),
-                        "critic": torch.randn(N, 2, generator=generator)}
+        observations = {
+            "policy": torch.randn(N, 3, generator=generator),
+            "critic": torch.randn(N, 2, generator=generator),
+        }
         transition.observations = TensorDict(observations, batch_size=[N]) if tensordict else observations
         transition.actions = torch.randn(N, 2, generator=generator)
         transition.rewards = torch.randn(N, generator=generator)
@@ -98,10 +100,16 @@ DTYPES = [np.float32, np.float16, np.float64, np.uint8, np.int16, np.int64, np.b
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(T=st.integers(1, 8), N=st.integers(1, 5), obs_dtype=st.sampled_from(DTYPES), seed=st.integers(0, 99),
-       hidden=st.sampled_from([None, "gru", "lstm"]))
-def test_round_trip_file_storage_file(tmp_path_factory: pytest.TempPathFactory, T: int, N: int, obs_dtype: type,
-                                      seed: int, hidden: str | None) -> None:
+@given(
+    T=st.integers(1, 8),
+    N=st.integers(1, 5),
+    obs_dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 99),
+    hidden=st.sampled_from([None, "gru", "lstm"]),
+)
+def test_round_trip_file_storage_file(
+    tmp_path_factory: pytest.TempPathFactory, T: int, N: int, obs_dtype: type, seed: int, hidden: str | None
+) -> None:
     """file -> storage -> file keeps every dataset's values (and observation dtypes) exactly."""
     folder = tmp_path_factory.mktemp("rt")
     arrays = rollout_arrays(T, N, seed=seed, hidden=hidden)

@@ -14,7 +14,7 @@ from rollout_factory import rollout_arrays, write_rollout
 from rolloutcli import RolloutError, RolloutStorage
 
 
-def _mutate(**changes: object):  # noqa: ANN202
+def _mutate(**changes: object):
     def build(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for name, value in changes.items():
             name = name.replace("__", "/")
@@ -49,47 +49,71 @@ def _orphan_timeouts(arrays: dict[str, np.ndarray]) -> np.ndarray:
 
 # case: (change, exact message after "<path>: ")
 CASES = {
-    "missing rewards": (_mutate(rewards=None),
-                        "field 'rewards': expected a dataset [T, N], found nothing. Record it; see the format "
-                        "contract in the README."),
-    "missing actions": (_mutate(actions=None),
-                        "field 'actions': expected a dataset [T, N, ...], found nothing. Record it; see the format "
-                        "contract in the README."),
-    "missing observations": (_mutate(observations__policy=None, observations__critic=None),
-                             "field 'observations': expected a group of datasets [T, N, ...] (or one dataset), "
-                             "found nothing. Record at least one observation group, e.g. observations/policy."),
-    "T disagrees": (_mutate(actions=np.zeros((13, 3, 2), np.float32)),
-                    "field 'actions': expected shape [T, N, ...] with T=12, N=3, found shape (13, 3, 2)."),
-    "N disagrees": (_mutate(values=np.zeros((12, 4), np.float32)),
-                    "field 'values': expected shape [T, N] = [12, 3] (or [12, 3, 1]), found shape (12, 4)."),
-    "wrong rank": (_mutate(dones=np.zeros((12, 3, 2), np.uint8)),
-                   "field 'dones': expected shape [T, N] = [12, 3] (or [12, 3, 1]), found shape (12, 3, 2)."),
-    "non-numeric dtype": (_mutate(actions=np.full((12, 3, 2), b"abc")),
-                          "field 'actions': expected a numeric dtype (bool, integer or float), found dtype |S3. "
-                          "Store numbers; strings and compound types cannot be trained on."),
-    "NaN rewards": (_mutate(rewards=_with_nan),
-                    "field 'rewards': expected finite numbers, found 2 NaN/Inf values. Fix the recorder or drop "
-                    "the affected envs."),
-    "dones outside 0/1": (_mutate(dones=_dones_two),
-                          "field 'dones': expected only 0 and 1, found 1 other values. Store episode-end flags as "
-                          "bool or 0/1."),
-    "time-out without done": (_mutate(time_outs=_orphan_timeouts),
-                              "field 'time_outs': expected time-outs only where dones is 1, found 1 time-outs "
-                              "where dones is 0. A time-out ends the episode: set dones there too."),
-    "empty T": (lambda a: {k: v[:0] if v.ndim >= 2 else v for k, v in a.items()},
-                "field 'rewards': expected at least one step and one env, found T=0, N=3. The recording is "
-                "empty."),
-    "last_values shape": (_mutate(last_values=np.zeros(4, np.float32)),
-                          "field 'last_values': expected shape [N] = [3] (or [3, 1]), found shape (4,)."),
-    "hidden rank": (_mutate(hidden_states__actor__0=np.zeros((12, 3, 3), np.float32)),
-                    "field 'hidden_states/actor/0': expected shape [T, layers, N, hidden] with T=12, N=3, found "
-                    "shape (12, 3, 3)."),
-    "lstm h and c differ": (_mutate(hidden_states__critic__1=np.zeros((12, 2, 3, 3), np.float32)),
-                            "field 'hidden_states/critic': expected LSTM h and c of the same shape, found "
-                            "(12, 1, 3, 3) and (12, 2, 3, 3)."),
-    "hidden index": (_mutate(hidden_states__actor__1=None, hidden_states__actor__2=np.zeros((12, 1, 3, 3))),
-                     "field 'hidden_states/actor/2': expected hidden_states/actor/<0|1> or "
-                     "hidden_states/critic/<0|1>, found 'hidden_states/actor/2'."),
+    "missing rewards": (
+        _mutate(rewards=None),
+        "field 'rewards': expected a dataset [T, N], found nothing. Record it; see the format contract in the README.",
+    ),
+    "missing actions": (
+        _mutate(actions=None),
+        "field 'actions': expected a dataset [T, N, ...], found nothing. Record it; see the format "
+        "contract in the README.",
+    ),
+    "missing observations": (
+        _mutate(observations__policy=None, observations__critic=None),
+        "field 'observations': expected a group of datasets [T, N, ...] (or one dataset), "
+        "found nothing. Record at least one observation group, e.g. observations/policy.",
+    ),
+    "T disagrees": (
+        _mutate(actions=np.zeros((13, 3, 2), np.float32)),
+        "field 'actions': expected shape [T, N, ...] with T=12, N=3, found shape (13, 3, 2).",
+    ),
+    "N disagrees": (
+        _mutate(values=np.zeros((12, 4), np.float32)),
+        "field 'values': expected shape [T, N] = [12, 3] (or [12, 3, 1]), found shape (12, 4).",
+    ),
+    "wrong rank": (
+        _mutate(dones=np.zeros((12, 3, 2), np.uint8)),
+        "field 'dones': expected shape [T, N] = [12, 3] (or [12, 3, 1]), found shape (12, 3, 2).",
+    ),
+    "non-numeric dtype": (
+        _mutate(actions=np.full((12, 3, 2), b"abc")),
+        "field 'actions': expected a numeric dtype (bool, integer or float), found dtype |S3. "
+        "Store numbers; strings and compound types cannot be trained on.",
+    ),
+    "NaN rewards": (
+        _mutate(rewards=_with_nan),
+        "field 'rewards': expected finite numbers, found 2 NaN/Inf values. Fix the recorder or drop the affected envs.",
+    ),
+    "dones outside 0/1": (
+        _mutate(dones=_dones_two),
+        "field 'dones': expected only 0 and 1, found 1 other values. Store episode-end flags as bool or 0/1.",
+    ),
+    "time-out without done": (
+        _mutate(time_outs=_orphan_timeouts),
+        "field 'time_outs': expected time-outs only where dones is 1, found 1 time-outs "
+        "where dones is 0. A time-out ends the episode: set dones there too.",
+    ),
+    "empty T": (
+        lambda a: {k: v[:0] if v.ndim >= 2 else v for k, v in a.items()},
+        "field 'rewards': expected at least one step and one env, found T=0, N=3. The recording is empty.",
+    ),
+    "last_values shape": (
+        _mutate(last_values=np.zeros(4, np.float32)),
+        "field 'last_values': expected shape [N] = [3] (or [3, 1]), found shape (4,).",
+    ),
+    "hidden rank": (
+        _mutate(hidden_states__actor__0=np.zeros((12, 3, 3), np.float32)),
+        "field 'hidden_states/actor/0': expected shape [T, layers, N, hidden] with T=12, N=3, found shape (12, 3, 3).",
+    ),
+    "lstm h and c differ": (
+        _mutate(hidden_states__critic__1=np.zeros((12, 2, 3, 3), np.float32)),
+        "field 'hidden_states/critic': expected LSTM h and c of the same shape, found (12, 1, 3, 3) and (12, 2, 3, 3).",
+    ),
+    "hidden index": (
+        _mutate(hidden_states__actor__1=None, hidden_states__actor__2=np.zeros((12, 1, 3, 3))),
+        "field 'hidden_states/actor/2': expected hidden_states/actor/<0|1> or "
+        "hidden_states/critic/<0|1>, found 'hidden_states/actor/2'.",
+    ),
 }
 
 
@@ -160,8 +184,16 @@ def generated_rollouts(draw: st.DrawFn) -> dict[str, np.ndarray]:
     T = draw(st.integers(0, 6))
     N = draw(st.integers(0, 4))
     arrays: dict[str, np.ndarray] = {}
-    for name in ("observations/policy", "actions", "rewards", "dones", "time_outs", "values", "last_values",
-                 "hidden_states/actor/0"):
+    for name in (
+        "observations/policy",
+        "actions",
+        "rewards",
+        "dones",
+        "time_outs",
+        "values",
+        "last_values",
+        "hidden_states/actor/0",
+    ):
         if draw(st.booleans()) and name not in ("rewards",):
             continue  # sometimes missing
         shape_options = [(T, N), (T, N, 1), (T, N, 2), (N,), (T,), (T, 1, N, 2), (T + 1, N)]
@@ -176,8 +208,9 @@ def generated_rollouts(draw: st.DrawFn) -> dict[str, np.ndarray]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(arrays=generated_rollouts())
-def test_loading_succeeds_or_raises_rollout_error(tmp_path_factory: pytest.TempPathFactory,
-                                                  arrays: dict[str, np.ndarray]) -> None:
+def test_loading_succeeds_or_raises_rollout_error(
+    tmp_path_factory: pytest.TempPathFactory, arrays: dict[str, np.ndarray]
+) -> None:
     path = write_rollout(tmp_path_factory.mktemp("gen") / "gen.h5", arrays)
     try:
         storage = RolloutStorage.from_hdf5(path)

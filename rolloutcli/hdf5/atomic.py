@@ -106,6 +106,13 @@ def _mode_for(inputs: Sequence[Path]) -> int:
     return mode
 
 
+def _publish_error(dst: Path, exc: OSError) -> RolloutError:
+    """A failed chmod / fsync / rename of a finished output (disk full at fsync, EIO, folder removed)."""
+    return RolloutError(
+        f"{dst}: cannot write the output: {exc.strerror or exc}; nothing was written.", exit_code=EXIT_IO
+    )
+
+
 @contextlib.contextmanager
 def atomic_file(
     dst: Path, *, inputs: Sequence[Path] = (), overwrite: bool = False, replace_input: bool = False
@@ -129,10 +136,13 @@ def atomic_file(
     tmp = Path(tmp_name)
     try:
         yield tmp
-        os.chmod(tmp, _mode_for(inputs))
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, dst)
+        try:
+            os.chmod(tmp, _mode_for(inputs))
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, dst)
+        except OSError as exc:
+            raise _publish_error(dst, exc) from exc
         _LIVE_TEMPS.discard(tmp_name)
         _fsync_dir(parent)
     except BaseException:
@@ -159,27 +169,32 @@ def atomic_folder(dst: Path, *, inputs: Sequence[Path] = (), overwrite: bool = F
         raise RolloutError(f"{dst}: cannot create a folder in {parent}: {exc.strerror}.", exit_code=EXIT_IO) from exc
     _LIVE_TEMPS.add(tmp_name)
     tmp = Path(tmp_name)
+    old: Path | None = None  # the previous output while it is moved aside (never in _LIVE_TEMPS: it is user data)
     try:
         yield tmp
-        mode = _mode_for(inputs)
-        for child in tmp.iterdir():
-            os.chmod(child, mode)
-            with open(child, "rb+") as handle:
-                os.fsync(handle.fileno())
-        os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # folders need x where they have r
-        _fsync_dir(tmp)
-        old = None
-        if os.path.lexists(dst):
-            old = Path(tempfile.mkdtemp(prefix=f".{dst.name}{TEMP_MARKER}old-", dir=parent))
-            _LIVE_TEMPS.add(str(old))
-            os.replace(dst, old / "previous")
-        os.replace(tmp, dst)
+        try:
+            mode = _mode_for(inputs)
+            for child in tmp.iterdir():
+                os.chmod(child, mode)
+                with open(child, "rb+") as handle:
+                    os.fsync(handle.fileno())
+            os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # folders need x where they have r
+            _fsync_dir(tmp)
+            if os.path.lexists(dst):
+                old = Path(tempfile.mkdtemp(prefix=f".{dst.name}{TEMP_MARKER}old-", dir=parent))
+                os.replace(dst, old / "previous")
+            os.replace(tmp, dst)
+        except OSError as exc:
+            raise _publish_error(dst, exc) from exc
         _LIVE_TEMPS.discard(tmp_name)
         _fsync_dir(parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-            _LIVE_TEMPS.discard(str(old))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         _LIVE_TEMPS.discard(tmp_name)
+        if old is not None and os.path.lexists(old / "previous") and not os.path.lexists(dst):
+            with contextlib.suppress(OSError):  # put the previous output back: old output or nothing
+                os.replace(old / "previous", dst)
+                os.rmdir(old)
         raise

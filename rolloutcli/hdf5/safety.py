@@ -13,6 +13,7 @@ import contextlib
 import errno
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +30,29 @@ DEFAULT_MAX_CHUNK_BYTES = 256 << 20  # a chunk is decompressed whole: over 256 M
 FLETCHER32_BYTES = 4  # a fletcher32 chunk shorter than its checksum crashes libhdf5 when read
 
 # Operating-system faults (as opposed to corrupt content) that h5py reports with an errno.
-_SYSTEM_IO_ERRNOS = {errno.EIO, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EROFS, errno.EFBIG, errno.EMFILE}
+_SYSTEM_IO_ERRNOS = {
+    errno.EIO,
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.EFBIG,
+    errno.EMFILE,
+    errno.ENFILE,
+}
+# libhdf5 reports the OS error of a failed read/write only inside its message text.
+_ERRNO_IN_TEXT = re.compile(r"errno = (\d+)")
+# What to do about an OS fault while writing an output.
+_WRITE_FIXES = {
+    errno.ENOSPC: "Free disk space or write to another disk",
+    errno.EDQUOT: "Free space within your disk quota or write to another disk",
+    errno.EFBIG: "The output exceeds the file size limit (ulimit -f) or the file system's largest file; "
+    "write to another file system",
+    errno.EROFS: "The file system is read-only; choose a writable folder",
+    errno.EACCES: "Choose a writable folder",
+    errno.EPERM: "Choose a writable folder",
+}
 
 # HDF5 raises many exception types for corrupt or hostile files.
 HDF5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError, SystemError, IndexError, AttributeError)
@@ -48,6 +71,50 @@ class SafetyOptions:
     allow_external: bool = False
     max_dataset_bytes: int = DEFAULT_MAX_DATASET_BYTES
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
+
+
+# Exceptions of failed writes, kept alive on purpose: their tracebacks hold the h5py objects of the output,
+# and freeing those makes libhdf5 flush a file whose writes failed, which segfaults (hdf5-facts.md). The
+# CLI ends such a run with ``os._exit`` so the interpreter's shutdown never frees them either.
+_FAILED_WRITES: list[BaseException] = []
+
+
+def system_errno(exc: BaseException) -> int | None:
+    """The operating-system fault (disk full, file too large, EIO, read-only...) behind ``exc``, if any.
+
+    h5py raises ``OSError`` without ``errno`` for libhdf5 failures and puts the OS error in the message
+    (``errno = 27``); a failed write also fails the close that follows, so the chain is searched too.
+    """
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 8:
+        if isinstance(current, OSError) and current.errno in _SYSTEM_IO_ERRNOS:
+            return current.errno
+        match = _ERRNO_IN_TEXT.search(str(current))
+        if match and int(match.group(1)) in _SYSTEM_IO_ERRNOS:
+            return int(match.group(1))
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
+
+
+def translate_write_error(dst: Path | str, exc: BaseException, source: Path | str | None = None) -> RolloutError:
+    """An exception raised while an output was being written, as a one-line ``RolloutError``.
+
+    Operating-system faults (disk full, file too large, read-only file system) are I/O faults about the
+    output (exit 3); anything else came from reading the untrusted input ``source`` (object copy and block
+    reads decode its chunks) and is translated as a read error of that file.
+    """
+    if isinstance(exc, RolloutError):
+        return exc
+    code = system_errno(exc)
+    if code is not None:
+        _FAILED_WRITES.append(exc)
+        fix = _WRITE_FIXES.get(code, "Check the disk and try again")
+        return RolloutError(
+            f"{dst}: cannot write the output: {os.strerror(code)}. {fix}; nothing was written.", exit_code=EXIT_IO
+        )
+    return translate_hdf5_error(dst if source is None else source, exc)
 
 
 def translate_hdf5_error(path: Path | str, exc: BaseException, field: str | None = None) -> RolloutError:
@@ -80,8 +147,9 @@ def translate_hdf5_error(path: Path | str, exc: BaseException, field: str | None
         return RolloutError(f"{where}: permission denied. Check the file's permissions.", exit_code=EXIT_IO)
     if isinstance(exc, MemoryError):
         return RolloutError(f"{where}: out of memory. Lower --max-memory.", exit_code=EXIT_IO)
-    if isinstance(exc, OSError) and exc.errno in _SYSTEM_IO_ERRNOS:
-        return RolloutError(f"{where}: I/O error: {exc.strerror or text}.", exit_code=EXIT_IO)
+    code = system_errno(exc)
+    if code is not None:
+        return RolloutError(f"{where}: I/O error: {os.strerror(code)}.", exit_code=EXIT_IO)
     first = text.splitlines()[0] if text else type(exc).__name__
     return RolloutError(
         f"{where}: data unreadable, file corrupt ({first}). Re-export the file from its source.",
@@ -122,6 +190,16 @@ def audit_dataset(path: Path, name: str, dataset: h5py.Dataset, options: SafetyO
             f"in another file; refusing to read outside the file. Pass --allow-external to trust it."
         )
         return unsafe
+    for external in dataset.external or ():
+        # Trusted (--allow-external) raw storage still must be a regular file: a FIFO hangs the read forever,
+        # a device such as /dev/zero or /dev/urandom never ends.
+        special = _special_file(path, external[0])
+        if special:
+            unsafe.append(
+                f"{path}: field '{name}': expected external raw storage in a regular file, found {special}; "
+                "refusing to read it even with --allow-external."
+            )
+            return unsafe
     if not allow and dataset.is_virtual:
         unsafe.append(
             f"{path}: field '{name}': expected data stored in the file, found a virtual dataset "
@@ -163,6 +241,24 @@ def audit_dataset(path: Path, name: str, dataset: h5py.Dataset, options: SafetyO
                     f"bytes, found a stored chunk of {short} bytes; the file is corrupt."
                 )
     return unsafe
+
+
+def _special_file(path: Path, name: str | bytes) -> str | None:
+    """Describe ``name`` (an external storage file) when it is not a regular file, else None.
+
+    libhdf5 resolves a relative name against the working directory or the file's folder: both are checked.
+    """
+    text = os.fsdecode(name)
+    candidates = [Path(text)] if os.path.isabs(text) else [Path(text), path.parent / text]
+    for candidate in candidates:
+        try:
+            mode = os.stat(candidate).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "a device or socket"
+            return f"'{candidate}', {kind}"
+    return None
 
 
 def _shortest_chunk(dataset: h5py.Dataset) -> int | None:
@@ -208,11 +304,22 @@ def audit_file(path: Path, handle: h5py.File, options: SafetyOptions) -> None:
     handle.visititems_links(visit)
     if unsafe:
         raise RolloutError.many(path, unsafe, exit_code=EXIT_UNSAFE)
+    groups = {"": h5py.h5o.get_info(handle.id).addr}
     for name in datasets:
         # Only hard links remain here, so opening them cannot leave the file.
         obj = handle.get(name, getlink=False)
         if isinstance(obj, h5py.Dataset):
             unsafe.extend(audit_dataset(path, name, obj, options))
+        elif isinstance(obj, h5py.Group):
+            address = h5py.h5o.get_info(obj.id).addr
+            ancestors = ["/".join(name.split("/")[:depth]) for depth in range(name.count("/") + 1)]
+            loop = next((a for a in ancestors if groups.get(a) == address), None)
+            if loop is not None:
+                unsafe.append(
+                    f"{path}: field '{name}': expected a tree of groups, found a hard link back to its own "
+                    f"ancestor group '/{loop}' (a cycle); refusing. Re-save the file without the loop."
+                )
+            groups[name] = address
     if unsafe:
         raise RolloutError.many(path, unsafe, exit_code=EXIT_UNSAFE)
 
@@ -221,11 +328,15 @@ def audit_file(path: Path, handle: h5py.File, options: SafetyOptions) -> None:
 def open_hdf5(path: Path | str, options: SafetyOptions | None = None) -> Iterator[h5py.File]:
     """Open ``path`` read-only after checking it is a regular file, and audit it before yielding.
 
-    Every HDF5 exception raised while opening or auditing becomes a ``RolloutError``.
+    Every HDF5 exception raised while opening or auditing becomes a ``RolloutError``; the metadata is first
+    read in a throwaway child (``probe.probe_metadata``), so a file that crashes or hangs libhdf5 is refused.
     """
+    from rolloutcli.hdf5.probe import probe_metadata
+
     path = Path(path)
     options = options or SafetyOptions()
     check_regular_file(path)
+    probe_metadata(path, options.allow_external)  # a libhdf5 crash or hang on this file happens in a child
     try:
         handle = h5py.File(path, "r")
     except HDF5_ERRORS as exc:

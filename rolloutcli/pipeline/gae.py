@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rolloutcli.core.gae import compute_gae
+from rolloutcli.core.gae import bootstrap_time_outs, compute_gae
 from rolloutcli.core.stats import EnvMoments, Moments
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_USAGE, RolloutError, problem_line
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
@@ -200,7 +200,8 @@ def _write(
             if bootstrap:
                 assert time_outs is not None
                 bootstrapped += int(time_outs.sum())
-                write_env_block(datasets["rewards"], 1, start, stop, rewards + options.gamma * values * time_outs)
+                bootstrapped_rewards = bootstrap_time_outs(rewards, values, time_outs, options.gamma)
+                write_env_block(datasets["rewards"], 1, start, stop, bootstrapped_rewards)
             write_env_block(datasets["returns"], 1, start, stop, returns)
             return_moments = return_moments.merge(Moments.of(returns))
             if options.normalize:

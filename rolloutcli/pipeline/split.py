@@ -39,9 +39,9 @@ from rolloutcli.core.trajectories import (
     unpad_with_spans,
 )
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_line
-from rolloutcli.hdf5.atomic import atomic_file
+from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.safety import HDF5_ERRORS, open_hdf5, translate_hdf5_error
+from rolloutcli.hdf5.safety import HDF5_ERRORS, open_hdf5, translate_hdf5_error, translate_write_error
 from rolloutcli.hdf5.schema import FORMAT_NAME
 from rolloutcli.hdf5.writer import copy_datasets, copy_root_attrs
 from rolloutcli.pipeline.options import RunOptions
@@ -124,6 +124,7 @@ def run_split(
         raise RolloutError(
             f"--max-length: expected a positive number of steps, found {options.max_length}.", exit_code=EXIT_USAGE
         )
+    check_output_path(dst, [src], overwrite=overwrite)  # before the input is read; atomic_file checks again
     with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
         schema = reader.schema
         T, N = schema.T, schema.N
@@ -162,7 +163,7 @@ def run_split(
             try:
                 _write_split(reader, tmp, fields, row_bytes, counts, L, options, run, blocks, progress)
             except HDF5_ERRORS as exc:
-                raise translate_hdf5_error(dst, exc) from exc
+                raise translate_write_error(dst, exc, src) from exc
     summary_lengths = EpisodeStats(T, lengths).length_summary()
     return {
         "input": str(src),
@@ -262,13 +263,17 @@ def run_unpad(
     """Restore the ``[T, N, ...]`` rollout from a split file written by ``run_split`` (exact inverse)."""
     progress = progress or NoProgress()
     started = time.perf_counter()
+    check_output_path(dst, [src], overwrite=overwrite)  # before the input is read; atomic_file checks again
     with open_hdf5(src, run.safety) as handle:
         try:
             layout = _split_layout(src, handle)
-            with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
-                _write_unpad(handle, tmp, layout, run, progress)
         except HDF5_ERRORS as exc:
             raise translate_hdf5_error(src, exc) from exc
+        with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
+            try:
+                _write_unpad(handle, tmp, layout, run, progress)
+            except HDF5_ERRORS as exc:
+                raise translate_write_error(dst, exc, src) from exc
     return {
         "input": str(src),
         "output": str(dst),
@@ -294,37 +299,78 @@ def _split_layout(path: Path, handle: h5py.File) -> dict[str, Any]:
             ),
             exit_code=EXIT_BAD_DATA,
         )
-    T, N = int(attrs["source_T"]), int(attrs["source_N"])
-    fields = [f.decode() if isinstance(f, bytes) else str(f) for f in attrs["split_fields"]]
     problems = []
+    sizes = {key: _positive_int(attrs.get(key)) for key in ("source_T", "source_N")}
+    for key, value in sizes.items():
+        if value is None:
+            found = repr(attrs.get(key)) if key in attrs else "nothing"
+            problems.append(problem_line(path, f"/ (attribute {key})", "a positive integer", found))
+    raw_fields = attrs.get("split_fields")
+    names = [] if raw_fields is None else np.atleast_1d(raw_fields).tolist()
+    fields = [f.decode("utf-8", "replace") if isinstance(f, bytes) else str(f) for f in names]
+    if raw_fields is None or not fields:
+        problems.append(problem_line(path, "/ (attribute split_fields)", "the names of the split fields", "nothing"))
     for name in (*SPAN_NAMES, "masks", *fields):
         if name not in handle or not isinstance(handle[name], h5py.Dataset):
             problems.append(problem_line(path, name, "a dataset written by split", "nothing"))
     if problems:
         raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
+    T, N = int(sizes["source_T"] or 0), int(sizes["source_N"] or 0)
+    masks_shape = handle["masks"].shape
+    L, M = (masks_shape[0], masks_shape[1]) if len(masks_shape) == 2 else (0, -1)
+    if len(masks_shape) != 2 or not 0 < L <= T or M > T * N:
+        problems.append(problem_line(path, "masks", f"shape [L, M] with L <= T = {T}, M <= T*N", str(masks_shape)))
+    for name in (*SPAN_NAMES, *fields):
+        shape = handle[name].shape
+        expected = (M,) if name in SPAN_NAMES else (L, M)
+        if shape[: len(expected)] != expected or (name in SPAN_NAMES and len(shape) != 1):
+            text = "[M]" if name in SPAN_NAMES else "[L, M, ...]"
+            problems.append(problem_line(path, name, f"shape {text} = {list(expected)}", f"shape {shape}"))
+    if problems:
+        raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
     spans = TrajectorySpans(*(torch.from_numpy(handle[name][()].astype(np.int64)) for name in SPAN_NAMES))
-    M = spans.env.numel()
-    L = handle["masks"].shape[0]
-    for name in fields:
-        if handle[name].shape[:2] != (L, M):
-            problems.append(
-                problem_line(path, name, f"shape [L, M, ...] = [{L}, {M}, ...]", f"shape {handle[name].shape}")
-            )
-    envs_sorted = bool((spans.env[1:] >= spans.env[:-1]).all()) if M > 1 else True
-    covered = int(spans.length.sum()) if M else 0
-    if not envs_sorted or covered != T * N or (M and (int(spans.env.min()) < 0 or int(spans.env.max()) >= N)):
+    if not _spans_tile(spans, T, N):
         problems.append(
             problem_line(
                 path,
-                "trajectory_env/trajectory_length",
-                f"env-major spans covering T*N = {T * N} steps",
-                f"{covered} steps",
+                "trajectory_env/trajectory_start/trajectory_length",
+                f"env-major spans tiling every env's T = {T} steps (N = {N} envs)",
+                f"spans covering {int(spans.length.sum()) if M else 0} of {T * N} steps or overlapping",
             )
         )
     if problems:
         raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
     counts = np.bincount(spans.env.numpy(), minlength=N)
     return {"T": T, "N": N, "M": M, "L": L, "fields": fields, "spans": spans, "counts": counts}
+
+
+def _positive_int(value: Any) -> int | None:
+    """``value`` as an int when it is a positive integer (a split file's source_T / source_N), else None."""
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.reshape(()).item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def _spans_tile(spans: TrajectorySpans, T: int, N: int) -> bool:
+    """True when the spans are env-major and each env's trajectories tile its steps ``[0, T)`` exactly."""
+    env, start, length = spans.env, spans.start, spans.length
+    if env.numel() == 0:
+        return T * N == 0
+    if bool((length < 1).any()) or bool((start < 0).any()) or bool((start + length > T).any()):
+        return False
+    if int(env.min()) < 0 or int(env.max()) >= N or bool((env[1:] < env[:-1]).any()):
+        return False
+    first = torch.ones_like(env, dtype=torch.bool)
+    first[1:] = env[1:] != env[:-1]
+    last = torch.ones_like(first)
+    last[:-1] = first[1:]
+    end = start + length
+    follows = torch.where(first, start == 0, start == torch.roll(end, 1))
+    return bool(follows.all()) and bool((end[last] == T).all()) and int(first.sum()) == N
 
 
 def _write_unpad(handle: h5py.File, tmp: Path, layout: dict[str, Any], run: RunOptions, progress: Progress) -> None:

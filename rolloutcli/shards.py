@@ -1,0 +1,164 @@
+"""``ShardDataset``: read a ``rolloutcli batch`` folder back as RSL-RL mini-batches (a torch ``IterableDataset``).
+
+::
+
+    from torch.utils.data import DataLoader
+    from rolloutcli import ShardDataset
+
+    dataset = ShardDataset("shards/", verify_checksums=True)
+    for batch in DataLoader(dataset, batch_size=None, num_workers=2):   # batch_size=None: shards are batches
+        loss = ppo_loss(batch.observations, batch.actions, batch.advantages, ...)
+
+Items come in manifest order (epoch, then mini-batch); with ``num_workers=W`` worker ``w`` reads entries
+``w, w + W, ...`` and the ``DataLoader`` interleaves them, so every entry is read exactly once per pass.
+
+Shapes. Shard files store per-step scalars as ``[B]`` (the format contract); batches come in RSL-RL's
+shapes, where ``values``, ``advantages``, ``returns``, ``old_actions_log_prob`` and ``dones`` carry a
+trailing 1:
+
+* feed-forward: ``observations {key: [B, ...]}``, ``actions [B, *A]``, scalars ``[B, 1]``,
+  ``old_distribution_params`` ``([B, ...], ...)`` in the recorded order.
+* recurrent: ``observations {key: [T, M, ...]}`` (padded trajectories), ``masks [T, M]``, ``actions [T, G, *A]``,
+  scalars ``[T, G, 1]``, ``hidden_states = (actor, critic)``: ``[layers, M, H]`` (GRU) or a tuple (h, c)
+  (LSTM), None when the source had none.
+* distillation: one batch per time step, like RSL-RL's ``generator()``: ``observations {key: [N, ...]}``,
+  ``privileged_actions [N, *A]``, ``dones [N, 1]``.
+
+``as_dict=True`` yields each shard's datasets as stored (``{"observations/policy": tensor, ..., "index": ...}``)
+plus ``"file"``, ``"epoch"`` and ``"mini_batch"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from rolloutcli.errors import RolloutError
+from rolloutcli.hdf5.safety import SafetyOptions
+from rolloutcli.hdf5.shards import read_manifest, read_shard, verify_shard
+from rolloutcli.storage import RolloutStorage
+
+SCALARS = {
+    "values": "values",
+    "advantages": "advantages",
+    "returns": "returns",
+    "actions_log_prob": "old_actions_log_prob",
+}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class ShardDataset(IterableDataset):
+    """Mini-batches of a shard folder, verified against its manifest.
+
+    Args:
+        folder: output folder of ``rolloutcli batch`` (``manifest.json`` + shard files).
+        device: where the yielded tensors live. With ``DataLoader(num_workers>0)`` keep ``"cpu"`` (workers
+            hand tensors over through shared memory) and move batches in the training loop
+            (``pin_memory=True`` makes that copy asynchronous).
+        as_dict: yield each shard's datasets as stored instead of ``RolloutStorage.Batch`` objects.
+        verify_checksums: check each shard's sha256 against the manifest before using it (reads the file
+            twice; the manifest itself is always checked).
+        epochs: only these epochs (default: all).
+        tensordict: observations as a ``tensordict.TensorDict`` (RSL-RL's type) instead of a dict.
+
+    Raises:
+        RolloutError: the folder, its manifest or a shard is missing, malformed, or (``verify_checksums``)
+            modified since it was written.
+    """
+
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        device: str | torch.device = "cpu",
+        as_dict: bool = False,
+        verify_checksums: bool = False,
+        epochs: Iterable[int] | None = None,
+        tensordict: bool = False,
+    ) -> None:
+        super().__init__()
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder)
+        self.mode: str = self.manifest["mode"]
+        wanted = None if epochs is None else set(epochs)
+        self.entries = [e for e in self.manifest["shards"] if wanted is None or e["epoch"] in wanted]
+        self.device = torch.device(device)
+        self.as_dict = as_dict
+        self.verify_checksums = verify_checksums
+        self.tensordict = tensordict
+
+    def __len__(self) -> int:
+        """Items one pass yields (distillation batches: one per time step)."""
+        if self.mode == "distillation" and not self.as_dict:
+            envs = int(self.manifest["source"]["N"])
+            return sum(e["rows"] // envs for e in self.entries)
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        entries = self.entries if info is None else self.entries[info.id :: info.num_workers]
+        for entry in entries:
+            tensors, attrs = self.load(entry)
+            if self.as_dict:
+                yield {"file": entry["file"], "epoch": entry["epoch"], "mini_batch": entry["mini_batch"], **tensors}
+            elif self.mode == "distillation":
+                yield from self._distillation(tensors)
+            else:
+                yield self._batch(tensors, attrs)
+
+    def load(self, entry: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """One manifest entry's datasets as tensors on ``device``, and the shard's attributes."""
+        path = self.folder / entry["file"]
+        if self.verify_checksums:
+            verify_shard(self.folder, entry)
+        arrays, attrs = read_shard(path, SafetyOptions())
+        mode = _text(attrs[""].get("mode", ""))
+        if mode != self.mode:
+            raise RolloutError.field(path, "mode", repr(self.mode), repr(mode), "The shard is not from this run.")
+        return {name: torch.from_numpy(array).to(self.device) for name, array in arrays.items()}, attrs
+
+    def _observations(self, tensors: dict[str, torch.Tensor], batch_size: list[int]) -> Any:
+        observations = {n.split("/", 1)[1]: v for n, v in tensors.items() if n.startswith("observations/")}
+        if not self.tensordict:
+            return observations
+        from tensordict import TensorDict
+
+        return TensorDict(observations, batch_size=batch_size, device=self.device)
+
+    def _batch(self, tensors: dict[str, torch.Tensor], attrs: dict[str, Any]) -> RolloutStorage.Batch:
+        """A feed-forward or recurrent shard as RSL-RL's Batch."""
+        order = [_text(n) for n in attrs.get("distribution", {}).get("order", [])]
+        params = tuple(tensors[f"distribution/{name}"] for name in order) or None
+        scalars = {field: tensors[name].unsqueeze(-1) for name, field in SCALARS.items() if name in tensors}
+        hidden: list[Any] = []
+        for net in ("actor", "critic"):
+            states = [tensors[f"hidden_states/{net}/{i}"] for i in (0, 1) if f"hidden_states/{net}/{i}" in tensors]
+            hidden.append(None if not states else states[0] if len(states) == 1 else tuple(states))
+        masks = tensors.get("masks")
+        batch_size = list(masks.shape) if masks is not None else [tensors["actions"].shape[0]]
+        return RolloutStorage.Batch(
+            observations=self._observations(tensors, batch_size),
+            actions=tensors["actions"],
+            old_distribution_params=params,
+            hidden_states=(hidden[0], hidden[1]),
+            masks=masks,
+            **scalars,
+        )
+
+    def _distillation(self, tensors: dict[str, torch.Tensor]) -> Iterator[RolloutStorage.Batch]:
+        """A distillation shard ``[steps, N, ...]`` as one Batch per step (RSL-RL's ``generator()``)."""
+        dones = tensors["dones"]
+        for step in range(dones.shape[0]):
+            observations = {n: v[step] for n, v in tensors.items() if n.startswith("observations/")}
+            yield RolloutStorage.Batch(
+                observations=self._observations(observations, [dones.shape[1]]),
+                privileged_actions=tensors["privileged_actions"][step],
+                dones=dones[step].unsqueeze(-1),
+            )
