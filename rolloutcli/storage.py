@@ -185,6 +185,54 @@ class RolloutStorage:
                 buffer[self.step].copy_(part)
 
     # --- generators (RSL-RL's signatures; thin over rolloutcli.core.batching) ----------------------------
+    def compute_returns(
+        self,
+        last_values: torch.Tensor | None = None,
+        gamma: float = 0.99,
+        lam: float = 0.95,
+        normalize_advantage: bool = True,
+        *,
+        bootstrap_time_outs: bool | None = None,
+    ) -> None:
+        """Fill ``returns`` and ``advantages`` ``[T, N, 1]`` with GAE, exactly as RSL-RL's PPO computes them.
+
+        Calls :func:`rolloutcli.core.gae.compute_gae` (the same kernel as ``rolloutcli gae``).
+
+        Args:
+            last_values: V(s_T), ``[N]`` or ``[N, 1]``; defaults to the ``last_values`` loaded from a file.
+            gamma, lam: discount and GAE lambda.
+            normalize_advantage: ``(A - mean) / (std + 1e-8)`` over the whole rollout (RSL-RL's default
+                when it does not normalise per mini-batch).
+            bootstrap_time_outs: apply ``rewards += gamma * values * time_outs`` to ``self.rewards`` first
+                (RSL-RL does this in ``process_env_step``). Default: when ``time_outs`` were loaded and the
+                file's ``timeouts_bootstrapped`` attribute is not set; it is set afterwards, so a second call
+                never bootstraps twice.
+        """
+        from rolloutcli.core.gae import bootstrap_time_outs as bootstrap
+        from rolloutcli.core.gae import compute_gae, normalize_advantages
+
+        if self.training_type != "rl":
+            raise ValueError("compute_returns is only available for reinforcement learning training.")
+        if last_values is None:
+            last_values = self.last_values
+        if last_values is None:
+            raise ValueError("compute_returns needs last_values: V(s_T) of the state after the last step.")
+        already = bool(self.attrs.get("timeouts_bootstrapped", False))
+        if bootstrap_time_outs is None:
+            bootstrap_time_outs = self.time_outs is not None and not already
+        if bootstrap_time_outs and not already:
+            if self.time_outs is None:
+                raise ValueError("bootstrap_time_outs=True but the storage has no time_outs.")
+            self.rewards = bootstrap(self.rewards, self.values, self.time_outs, gamma).reshape(self.rewards.shape)
+            self.attrs["timeouts_bootstrapped"] = True
+        advantages, returns = compute_gae(
+            self.rewards, self.values, self.dones, last_values.reshape(-1), gamma=gamma, lam=lam
+        )
+        if normalize_advantage:
+            advantages = normalize_advantages(advantages)
+        self.returns = returns.unsqueeze(-1)
+        self.advantages = advantages.unsqueeze(-1)
+
     def generator(self) -> Iterator[RolloutStorage.Batch]:
         """Distillation: one batch per time step, in time order (RSL-RL's ``generator``).
 
