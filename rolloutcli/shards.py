@@ -23,6 +23,9 @@ trailing 1:
   (LSTM), None when the source had none.
 * distillation: one batch per time step, like RSL-RL's ``generator()``: ``observations {key: [N, ...]}``,
   ``privileged_actions [N, *A]``, ``dones [N, 1]``.
+* history (``batch --history K``): a dict per shard, ``{"observations": {key: [B, K, ...]},
+  "window_dones": [B, K], "window_env": [B], "window_end": [B]}`` (windows oldest to newest along dim 1;
+  window ``b`` holds steps ``window_end[b] - K + 1 .. window_end[b]`` of env ``window_env[b]``).
 
 ``as_dict=True`` yields each shard's datasets as stored (``{"observations/policy": tensor, ..., "index": ...}``)
 plus ``"file"``, ``"epoch"`` and ``"mini_batch"``.
@@ -62,7 +65,8 @@ class ShardDataset(IterableDataset):
         device: where the yielded tensors live. With ``DataLoader(num_workers>0)`` keep ``"cpu"`` (workers
             hand tensors over through shared memory) and move batches in the training loop
             (``pin_memory=True`` makes that copy asynchronous).
-        as_dict: yield each shard's datasets as stored instead of ``RolloutStorage.Batch`` objects.
+        as_dict: yield each shard's datasets as stored instead of ``RolloutStorage.Batch`` objects (history
+            shards are always dicts; see the module docstring).
         verify_checksums: check each shard's sha256 against the manifest before using it (reads the file
             twice; the manifest itself is always checked).
         epochs: only these epochs (default: all).
@@ -110,6 +114,8 @@ class ShardDataset(IterableDataset):
                 yield {"file": entry["file"], "epoch": entry["epoch"], "mini_batch": entry["mini_batch"], **tensors}
             elif self.mode == "distillation":
                 yield from self._distillation(tensors)
+            elif self.mode == "history":
+                yield self._history(tensors)
             else:
                 yield self._batch(tensors, attrs)
 
@@ -151,6 +157,14 @@ class ShardDataset(IterableDataset):
             masks=masks,
             **scalars,
         )
+
+    def _history(self, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """A history shard as ``{"observations": {key: [B, K, ...]}, "window_dones": [B, K], "window_env": [B],
+        "window_end": [B]}`` (observations a ``TensorDict`` of batch size ``[B, K]`` with ``tensordict=True``)."""
+        dones = tensors["window_dones"]
+        out: dict[str, Any] = {"observations": self._observations(tensors, list(dones.shape))}
+        out.update({name: tensors[name] for name in ("window_dones", "window_env", "window_end")})
+        return out
 
     def _distillation(self, tensors: dict[str, torch.Tensor]) -> Iterator[RolloutStorage.Batch]:
         """A distillation shard ``[steps, N, ...]`` as one Batch per step (RSL-RL's ``generator()``)."""

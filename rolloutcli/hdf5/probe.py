@@ -1,99 +1,197 @@
-"""Read an untrusted file's metadata first in a throwaway child process, so a libhdf5 crash or hang is caught.
+"""Read an untrusted file's metadata first in a throwaway process, so a libhdf5 crash or hang is caught.
 
 Some corrupt files defeat libhdf5 itself, in C code that Python cannot interrupt: a variable-length string
 (h5py's default for ``str`` attributes, e.g. ``rolloutcli_format``) whose global-heap object claims size 0
 sends ``H5HG__cache_heap_deserialize`` into an endless loop; other corrupt metadata crashes it. Checks in
-Python cannot foresee every such bug, so ``probe_metadata`` forks a child that opens the file, audits it and
-reads what the commands will read from the metadata (every attribute, every chunk index, variable-length
-datasets). When the child dies by a signal or does not finish in time, the file is refused as corrupt (exit 1)
-and this process never parses it. The child costs a few milliseconds; data is never read there.
+Python cannot foresee every such bug, so ``probe_metadata`` has a throwaway process open the file, audit it
+and read what the commands read from the metadata (every attribute, every chunk index, variable-length
+datasets). When that process dies by a signal or does not finish in time, the file is refused as corrupt
+(exit 1) and this process never parses it. Data is never read there.
+
+Forking this process for every file would copy its page tables (torch makes that ~15-30 ms), so the throwaway
+processes are forked from a small helper interpreter (h5py only, started on first use, ~0.2 s): each probe
+then costs a few milliseconds. The helper reads requests on stdin and exits when this process goes away.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
+import math
 import os
+import select
 import signal
+import subprocess
+import sys
+import threading
 import time
-import warnings
 from pathlib import Path
-
-import h5py
+from typing import Any
 
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError
 
-DEFAULT_PROBE_TIMEOUT = 30.0  # seconds for the child to read the metadata (real files need milliseconds)
+DEFAULT_PROBE_TIMEOUT = 30.0  # seconds for one file's metadata (real files need milliseconds)
+HELPER_SLACK = 15.0  # extra seconds the helper may need to answer (its own start, the fork)
 VLEN_PROBE_BYTES = 64 << 20  # variable-length datasets up to this declared size are read by the probe
 
 
-def probe_metadata(path: Path, allow_external: bool = False, timeout: float | None = None) -> None:
+def probe_metadata(path: Path | str, allow_external: bool = False, timeout: float | None = None) -> None:
     """Raise ``RolloutError`` (exit 1) when reading ``path``'s metadata crashes or hangs libhdf5.
 
-    Other problems (not HDF5, unsafe links, corrupt but erroring metadata) are left to the caller, which
-    finds them again with proper messages. Without ``os.fork`` (or memory for a child) nothing is probed.
+    Other problems (not HDF5, unsafe links, corrupt metadata that raises an error) are left to the caller,
+    which finds them again with proper messages. Where no helper can run (no ``fork``), nothing is probed.
     """
     timeout = DEFAULT_PROBE_TIMEOUT if timeout is None else timeout
     if not hasattr(os, "fork"):
         return
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # "fork() in a multi-threaded process"
-            pid = os.fork()
-    except OSError:
-        return
-    if pid == 0:  # the child: never returns, never runs cleanup code of the parent
-        try:
-            with contextlib.suppress(BaseException):
-                _read_metadata(path, allow_external)
-        finally:
-            os._exit(0)
-    status = _wait(pid, timeout)
-    if status is None:
+    request = {"path": os.path.abspath(os.fsdecode(path)), "allow_external": allow_external, "timeout": timeout}
+    answer = _ask(request, timeout + HELPER_SLACK)
+    if answer is None or answer["status"] == "ok":
+        return  # no helper could answer (it is not the file's fault): the caller reads the file directly
+    if answer["status"] == "timeout":
         raise RolloutError(
             f"{path}: reading the file's metadata did not finish in {timeout:.0f} s (libhdf5 loops forever on "
             "some corrupt files); the file is corrupt. Re-export it from its source.",
             exit_code=EXIT_BAD_DATA,
         )
-    if os.WIFSIGNALED(status):
-        name = signal.Signals(os.WTERMSIG(status)).name
-        raise RolloutError(
-            f"{path}: libhdf5 crashed ({name}) while reading the file's metadata; the file is corrupt. "
-            "Re-export it from its source.",
-            exit_code=EXIT_BAD_DATA,
+    raise RolloutError(
+        f"{path}: libhdf5 crashed ({answer['signal']}) while reading the file's metadata; the file is corrupt. "
+        "Re-export it from its source.",
+        exit_code=EXIT_BAD_DATA,
+    )
+
+
+# --------------------------------------------------------------------------------- this process: the client
+
+
+class _Helper:
+    """The helper interpreter and its pipes, owned by the process that started it."""
+
+    def __init__(self) -> None:
+        package_parent = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
+        self.owner = os.getpid()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "from rolloutcli.hdf5.probe import serve; serve()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # Ctrl-C in a terminal goes to the command, not to the helper
         )
+        self._buffer = b""
 
-
-def _wait(pid: int, timeout: float) -> int | None:
-    """The child's wait status, or None after ``timeout`` seconds (the child is then killed)."""
-    deadline = time.monotonic() + timeout
-    delay = 0.0002
-    reaped = False
-    try:
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                reaped = True
-                return status
-            if time.monotonic() >= deadline:
+    def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """Send one request; the answer, or None when the helper died or did not answer in time."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            self.process.stdin.flush()
+        except OSError:
+            return None
+        deadline = time.monotonic() + timeout
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
                 return None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-    finally:
-        if not reaped:  # timed out, or this process is being interrupted (SIGTERM / Ctrl-C)
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.owner != os.getpid():
+            return  # inherited through a fork: the helper belongs to the parent
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+            self.process.wait(timeout=1)
+        with contextlib.suppress(OSError):
+            self.process.kill()
+            self.process.wait()
+
+
+_HELPER: _Helper | None = None
+_LOCK = threading.Lock()
+
+
+def _ask(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    global _HELPER
+    with _LOCK:
+        for _ in range(2):  # a helper that died or got stuck is replaced once
+            if _HELPER is None or _HELPER.owner != os.getpid() or _HELPER.process.poll() is not None:
+                try:
+                    _HELPER = _Helper()
+                except OSError:
+                    _HELPER = None
+                    return None
+            answer = _HELPER.ask(request, timeout)
+            if answer is not None:
+                return answer
+            _HELPER.close()
+            _HELPER = None
+    return None
+
+
+@atexit.register
+def _stop_helper() -> None:
+    if _HELPER is not None:
+        _HELPER.close()
+
+
+# ---------------------------------------------------------------------------------------- the helper side
+
+
+def serve() -> None:
+    """The helper's loop: one JSON request per line on stdin, one JSON answer per line on stdout."""
+    import h5py  # noqa: F401 - imported once, before the forks
+
+    import rolloutcli.hdf5.safety  # noqa: F401
+
+    for line in sys.stdin.buffer:
+        request = json.loads(line)
+        answer = _probe_in_child(Path(request["path"]), bool(request["allow_external"]), float(request["timeout"]))
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+def _probe_in_child(path: Path, allow_external: bool, timeout: float) -> dict[str, Any]:
+    """Fork a child that reads the metadata; ``{"status": "ok" | "timeout" | "signal", "signal": name}``."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            # SIGALRM's default action ends the process even inside a C loop of libhdf5
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(max(1, math.ceil(timeout)))
+            with contextlib.suppress(BaseException):
+                _read_metadata(path, allow_external)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if not os.WIFSIGNALED(status):
+        return {"status": "ok"}
+    number = os.WTERMSIG(status)
+    if number == signal.SIGALRM:
+        return {"status": "timeout"}
+    return {"status": "signal", "signal": signal.Signals(number).name}
 
 
 def _read_metadata(path: Path, allow_external: bool) -> None:
-    """In the child: open, audit, then touch what commands read from the metadata (hard links only)."""
+    """In the throwaway child: open, audit, then touch what commands read from the metadata (hard links)."""
+    import h5py
+
     from rolloutcli.hdf5.safety import SafetyOptions, audit_file
 
     with h5py.File(path, "r") as handle:
         try:
             audit_file(path, handle, SafetyOptions(allow_external=allow_external))
         except RolloutError:
-            return  # refused: the parent refuses it too, without reading more
+            return  # refused: the caller refuses it too, without reading more
         names: list[str] = []
         handle.visititems_links(lambda name, link: names.append(name) if isinstance(link, h5py.HardLink) else None)
         for obj in [handle, *(handle[name] for name in names)]:

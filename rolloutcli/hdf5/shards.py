@@ -42,6 +42,7 @@ MANIFEST_FORMAT = "rolloutcli.shards"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ENTRY_KEYS = ("file", "epoch", "mini_batch", "rows", "sha256")
+MODES = ("feedforward", "recurrent", "distillation", "history")
 COMPRESSIONS = ("lzf", "gzip")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.h5$")  # a plain name inside the folder, no path
 _HASH_CHUNK = 8 << 20
@@ -370,8 +371,8 @@ def read_manifest(folder: Path | str) -> dict[str, Any]:
         bad("format", repr(MANIFEST_FORMAT), manifest.get("format"))
     if manifest.get("format_version") != FORMAT_VERSION:
         bad("format_version", str(FORMAT_VERSION), manifest.get("format_version"))
-    if manifest.get("mode") not in ("feedforward", "recurrent", "distillation"):
-        bad("mode", "feedforward, recurrent or distillation", manifest.get("mode"))
+    if manifest.get("mode") not in MODES:
+        bad("mode", "feedforward, recurrent, distillation or history", manifest.get("mode"))
     shards = manifest.get("shards")
     if not isinstance(shards, list) or not shards:
         bad("shards", "a non-empty list", shards)

@@ -9,7 +9,8 @@ with byte-identical results:
   ``index_select`` each shard's rows into one of two reused buffer sets (warm memory; the writer threads
   write and hash one set while the next shard is gathered into the other).
 * **streamed** (larger files): the feed-forward shuffle is the one step that crosses the whole file, so each
-  pass streams blocks (of steps, or of envs) and *scatters* rows: ``positions`` (the inverse of the plan,
+  pass streams blocks (of steps, or of envs) and *scatters* rows (:mod:`rolloutcli.pipeline.scatter`,
+  shared with ``batch --history``): ``positions`` (the inverse of the plan,
   8 bytes per row) gives each row of the block its shard and slot; the block's rows are sorted by position
   and cut into one piece per shard, kept in memory or appended to the shard's spill file ``.spill-<k>`` (in
   the output's temporary folder) once pending pieces exceed a quarter of the budget. A shard is assembled
@@ -22,11 +23,7 @@ Orders never depend on the budget, so the shards are identical whichever way the
 
 from __future__ import annotations
 
-import hashlib
-import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rolloutcli.core.batching import BatchPlan, ShardPlan, gather_rows, plan_batches, scatter_rows
+from rolloutcli.core.batching import BatchPlan, ShardPlan, gather_rows, plan_batches
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
-from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_USAGE, RolloutError, problem_line
-from rolloutcli.hdf5.atomic import atomic_folder
+from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_line
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.safety import HDF5_ERRORS, translate_hdf5_error
 from rolloutcli.hdf5.schema import FLAG_FIELDS
@@ -46,12 +42,13 @@ from rolloutcli.hdf5.shards import (
     FORMAT_VERSION,
     MANIFEST_FORMAT,
     SHARD_FORMAT,
-    ShardWriter,
-    write_manifest,
+    Shapes,
 )
 from rolloutcli.hdf5.storage_io import distribution_order
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import NoProgress, Progress
+from rolloutcli.pipeline.scatter import ShardScatter
+from rolloutcli.pipeline.shard_export import Emitter, Field, ShardExport, field_records, gae_attrs, source_record
 
 ORDER_TEXT = {
     ("feedforward", False): "epoch e: the e-th torch.randperm(T*N) drawn from torch.Generator().manual_seed(seed); "
@@ -88,33 +85,6 @@ class BatchOptions:
     rsl_parity: bool = False
     shuffle_envs: bool = False
     compression: str | None = None
-
-
-@dataclass(frozen=True)
-class _Field:
-    source: str  # HDF5 path in the rollout file
-    name: str  # dataset path in the shards
-    role: str  # the source field's role (schema)
-    dtype: torch.dtype  # as RolloutReader.tensor returns it (normalised)
-    row_shape: tuple[int, ...]
-
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        """The numpy dtype of ``dtype`` (the shards are written from numpy views)."""
-        return torch.empty(0, dtype=self.dtype).numpy().dtype
-
-    @property
-    def hidden(self) -> bool:
-        """``[T, layers, N, H]`` in the source; rows ``[layers, H]``."""
-        return self.role == "hidden"
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one row of this field."""
-        count = self.dtype.itemsize
-        for size in self.row_shape:
-            count *= size
-        return count
 
 
 def _usage(message: str) -> RolloutError:
@@ -170,7 +140,7 @@ def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
         )
 
 
-def _fields(reader: RolloutReader, mode: str) -> list[_Field]:
+def _fields(reader: RolloutReader, mode: str) -> list[Field]:
     """The fields a mode exports, observations first, each with its row dtype and shape (probed on env 0)."""
     schema = reader.schema
     pairs = [(path, f"observations/{key}") for key, path in schema.observation_keys.items()]
@@ -186,11 +156,11 @@ def _fields(reader: RolloutReader, mode: str) -> list[_Field]:
         probe = reader.tensor(source, 0, 1)
         role = schema.fields[source].role
         row_shape = (probe.shape[1], probe.shape[3]) if role == "hidden" else tuple(probe.shape[2:])
-        out.append(_Field(source, name, role, probe.dtype, row_shape))
+        out.append(Field(source, name, role, probe.dtype, row_shape))
     return out
 
 
-def _read_rows(reader: RolloutReader, field: _Field, start: int, stop: int) -> torch.Tensor:
+def _read_rows(reader: RolloutReader, field: Field, start: int, stop: int) -> torch.Tensor:
     """Env block ``[start:stop]`` of a field as time-major rows ``[T * n, *row_shape]``."""
     data = reader.tensor(field.source, start, stop)
     if field.hidden:  # [T, layers, n, H] -> [T, n, layers, H]
@@ -198,7 +168,7 @@ def _read_rows(reader: RolloutReader, field: _Field, start: int, stop: int) -> t
     return data.reshape(reader.T * (stop - start), *field.row_shape)
 
 
-def _read_steps(reader: RolloutReader, field: _Field, start: int, stop: int) -> torch.Tensor:
+def _read_steps(reader: RolloutReader, field: Field, start: int, stop: int) -> torch.Tensor:
     """Steps ``[start:stop]`` of a (non-hidden) field as rows ``[(stop - start) * N, *row_shape]``.
 
     A time block of a ``[T, N, ...]`` dataset is one contiguous region: read ~10x faster than an env block's
@@ -216,7 +186,7 @@ def _read_steps(reader: RolloutReader, field: _Field, start: int, stop: int) -> 
 
 
 def _shard_tensors(
-    mode: str, plan: ShardPlan, shard: int, rows: dict[str, torch.Tensor], fields: list[_Field], T: int, N: int
+    mode: str, plan: ShardPlan, shard: int, rows: dict[str, torch.Tensor], fields: list[Field], T: int, N: int
 ) -> dict[str, torch.Tensor]:
     """Shape one shard's gathered rows ``{name: [rows, ...]}`` into the datasets of its file (see docs/batch.md)."""
     if mode == "feedforward":
@@ -250,73 +220,7 @@ def _shard_tensors(
     return out
 
 
-class _Emitter:
-    """Hands shards to the writer under their file names (after the first epoch that uses them), and lends
-    the two reused buffer sets that shards are gathered into."""
-
-    def __init__(
-        self,
-        plan: BatchPlan,
-        writer: ShardWriter,
-        fields: list[_Field],
-        T: int,
-        N: int,
-        progress: Progress,
-        *,
-        buffer_sets: int = 2,
-    ) -> None:
-        self.plan, self.writer, self.fields, self.T, self.N, self.progress = plan, writer, fields, T, N, progress
-        self.largest = max(max(p.sizes) for p in plan.passes)
-        self.buffer_sets = buffer_sets
-        self._buffers: list[dict[str, torch.Tensor]] = []
-        self._count = 0
-
-    def file_name(self, pass_index: int, shard: int) -> str:
-        return f"e{self.plan.epoch_pass.index(pass_index):04d}-b{shard:05d}.h5"
-
-    def buffers(self, size: int) -> dict[str, torch.Tensor]:
-        """``[size, *row_shape]`` views of the buffer set the next shard may use.
-
-        With two sets, they alternate: the writer holds one until the shard after it is submitted. With one
-        (the streamed export, to keep memory down), the shard in flight is waited for first. Reused memory
-        is warm; a fresh allocation per shard costs page faults that take longer than the copy itself.
-        """
-        if not self._buffers:
-            self._buffers = [
-                {f.name: torch.empty(self.largest, *f.row_shape, dtype=f.dtype) for f in self.fields}
-                for _ in range(self.buffer_sets)
-            ]
-        if self.buffer_sets == 1:
-            self.writer.wait()
-        return {name: buffer[:size] for name, buffer in self._buffers[self._count % self.buffer_sets].items()}
-
-    def prepare(self) -> None:
-        """Build the writer's file layouts before any data is held (feed-forward and distillation shards have
-        one or two shapes; a layout's construction briefly takes twice a shard's size)."""
-        if self.plan.mode == "recurrent":
-            return
-        plan = self.plan.passes[0]
-        for shard in sorted({plan.sizes.index(size) for size in plan.sizes}):
-            size = plan.sizes[shard]
-            if self.plan.mode == "feedforward":
-                shapes = {f.name: ((size, *f.row_shape), f.numpy_dtype) for f in self.fields}
-                shapes["index"] = ((size,), np.dtype(np.int64))
-            else:
-                assert plan.steps is not None
-                steps = plan.steps[shard][1] - plan.steps[shard][0]
-                shapes = {f.name: ((steps, self.N, *f.row_shape), f.numpy_dtype) for f in self.fields}
-                shapes["steps"] = ((steps,), np.dtype(np.int64))
-            self.writer.prepare(shapes)
-
-    def emit(self, pass_index: int, shard: int, rows: dict[str, torch.Tensor]) -> None:
-        plan = self.plan.passes[pass_index]
-        tensors = _shard_tensors(self.plan.mode, plan, shard, rows, self.fields, self.T, self.N)
-        self.writer.submit(self.file_name(pass_index, shard), tensors)
-        self._count += 1
-        self.progress.advance()
-
-
-def _in_memory(reader: RolloutReader, fields: list[_Field], emitter: _Emitter) -> None:
+def _in_memory(reader: RolloutReader, fields: list[Field], emitter: Emitter) -> None:
     """Read every needed field once, then gather each shard into one of two reused buffer sets."""
     source = {f.name: _read_rows(reader, f, 0, reader.N) for f in fields}
     for pass_index, plan in enumerate(emitter.plan.passes):
@@ -327,90 +231,7 @@ def _in_memory(reader: RolloutReader, fields: list[_Field], emitter: _Emitter) -
             emitter.emit(pass_index, shard, rows)
 
 
-def _aligned(nbytes: int) -> int:
-    """Round up to 8 bytes, so every field of a spill chunk starts aligned for its dtype."""
-    return (nbytes + 7) // 8 * 8
-
-
-class _Spill:
-    """Rows of shards waiting for the rest of their rows: in memory, or appended to a spill file per shard.
-
-    A spill chunk of k rows is ``slots [k] int64`` then, per field, its ``[k, *row_shape]`` bytes padded to
-    8 bytes. Only the chunk sizes stay in memory.
-    """
-
-    def __init__(self, folder: Path, fields: list[_Field], budget: int) -> None:
-        self.folder, self.fields, self.budget = folder, fields, budget
-        # Deleting a large file takes the file system a while: do it beside the work.
-        self.cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-spill")
-        self.pending: dict[int, list[tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {}
-        self.chunks: dict[int, list[int]] = {}
-        self.pending_bytes = 0
-        self.row_bytes = 8 + sum(f.row_bytes for f in fields)
-
-    def path(self, shard: int) -> Path:
-        return self.folder / f".spill-{shard:06d}"
-
-    def add(self, shard: int, slots: torch.Tensor, rows: dict[str, torch.Tensor]) -> None:
-        self.pending.setdefault(shard, []).append((slots, rows))
-        self.pending_bytes += slots.numel() * self.row_bytes
-
-    def spill_if_needed(self) -> None:
-        if self.pending_bytes <= self.budget:
-            return
-        for shard, pieces in self.pending.items():
-            try:
-                with open(self.path(shard), "ab") as handle:
-                    for slots, rows in pieces:
-                        handle.write(slots.numpy().data)
-                        for f in self.fields:
-                            data = rows[f.name].contiguous().view(-1).view(torch.uint8).numpy().data
-                            handle.write(data)
-                            handle.write(bytes(_aligned(len(data)) - len(data)))
-                        self.chunks.setdefault(shard, []).append(slots.numel())
-            except OSError as exc:
-                raise RolloutError(
-                    f"{self.path(shard)}: cannot write temporary data: {exc.strerror or exc}. Free disk space.",
-                    exit_code=EXIT_IO,
-                ) from exc
-        self.pending, self.pending_bytes = {}, 0
-
-    def _read_chunks(self, shard: int, chunks: list[int]) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
-        pieces = []
-        with open(self.path(shard), "rb") as handle:
-            for count in chunks:
-                widths = [_aligned(count * f.row_bytes) for f in self.fields]
-                raw = bytearray(8 * count + sum(widths))
-                handle.readinto(raw)
-                data = torch.frombuffer(raw, dtype=torch.uint8)
-                offset, rows = 8 * count, {}
-                for f, width in zip(self.fields, widths, strict=True):
-                    part = data[offset : offset + count * f.row_bytes]
-                    rows[f.name] = part.view(f.dtype).view(count, *f.row_shape)
-                    offset += width
-                pieces.append((data[: 8 * count].view(torch.int64), rows))
-        self.cleaner.submit(self.path(shard).unlink)
-        return pieces
-
-    def close(self) -> None:
-        self.cleaner.shutdown(wait=True)
-
-    def assemble(self, shard: int, size: int, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The shard's rows in slot order, in ``out`` (``[size, ...]`` per field) unless they arrived in one
-        piece; its spill file is read and deleted."""
-        pieces = self.pending.pop(shard, [])
-        self.pending_bytes -= sum(slots.numel() for slots, _ in pieces) * self.row_bytes
-        chunks = self.chunks.pop(shard, [])
-        if not chunks and len(pieces) == 1 and pieces[0][0].numel() == size:
-            return pieces[0][1]  # one piece, sorted by position: already in slot order
-        pieces = (self._read_chunks(shard, chunks) if chunks else []) + pieces
-        for slots, rows in pieces:
-            for f in self.fields:
-                scatter_rows(out[f.name], slots, rows[f.name])
-        return out
-
-
-def _stream_blocks(reader: RolloutReader, fields: list[_Field], mode: str, budget: int) -> list[tuple[str, int, int]]:
+def _stream_blocks(reader: RolloutReader, fields: list[Field], mode: str, budget: int) -> list[tuple[str, int, int]]:
     """Blocks of the source to stream: ``("steps", t0, t1)`` or ``("envs", n0, n1)``.
 
     Step blocks when every field is contiguous or chunked across all envs: a time block is then one
@@ -432,20 +253,23 @@ def _stream_blocks(reader: RolloutReader, fields: list[_Field], mode: str, budge
 
 def _streamed(
     reader: RolloutReader,
-    fields: list[_Field],
-    emitter: _Emitter,
+    fields: list[Field],
+    emitter: Emitter,
     folder: Path,
     blocks: list[tuple[str, int, int]],
     budget: int,
 ) -> None:
-    """Stream blocks per pass, scatter rows to their shards (spilling), write shards as they complete."""
+    """Stream blocks per pass and scatter their rows to their shards (:mod:`rolloutcli.pipeline.scatter`)."""
     T, N = reader.T, reader.N
     for pass_index, plan in enumerate(emitter.plan.passes):
         positions = plan.positions(T * N)
-        offsets = torch.tensor(plan.offsets, dtype=torch.int64)
-        received = [0] * len(plan.sizes)
-        spill = _Spill(folder, fields, max(budget // 4, 1))
-        try:
+
+        def complete(shard: int, rows: dict[str, torch.Tensor], pass_index: int = pass_index) -> None:
+            emitter.emit(pass_index, shard, rows)
+
+        with ShardScatter(
+            folder, fields, plan.sizes, budget // 4, buffers=emitter.buffers, complete=complete
+        ) as scatter:
             for kind, start, stop in blocks:
                 if kind == "envs":
                     rows = {f.name: _read_rows(reader, f, start, stop) for f in fields}
@@ -453,86 +277,57 @@ def _streamed(
                 else:
                     rows = {f.name: _read_steps(reader, f, start, stop) for f in fields}
                     block_positions = positions[start * N : stop * N]
-                sorted_pos, order = torch.sort(block_positions)
-                kept = int(torch.searchsorted(sorted_pos, 0))  # -1 (rows in no shard) sort first
-                sorted_pos, order = sorted_pos[kept:], order[kept:]
-                gathered = {name: gather_rows(value, order) for name, value in rows.items()}
+                scatter.add(block_positions, rows)
                 del rows
-                bounds = torch.searchsorted(sorted_pos, offsets).tolist()
-                for shard, size in enumerate(plan.sizes):
-                    lo, hi = bounds[shard], bounds[shard + 1]
-                    if lo == hi:
-                        continue
-                    slots = sorted_pos[lo:hi] - plan.offsets[shard]
-                    spill.add(shard, slots, {name: value[lo:hi] for name, value in gathered.items()})
-                    received[shard] += hi - lo
-                    if received[shard] == size:
-                        rows = spill.assemble(shard, size, emitter.buffers(size))
-                        emitter.emit(pass_index, shard, rows)
-                spill.spill_if_needed()
                 emitter.progress.advance()
-        finally:
-            spill.close()
-        assert received == list(plan.sizes), "every planned row must arrive exactly once"
+        scatter.finish()
 
 
-def _hash_file(path: Path, result: dict[str, str], stop: threading.Event) -> None:
-    """sha256 of the source, in a thread beside the export (hashlib releases the GIL)."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as handle:
-            while not stop.is_set() and (chunk := handle.read(8 << 20)):
-                digest.update(chunk)
-    except OSError as exc:
-        result["error"] = exc.strerror or str(exc)
-        return
-    result["sha256"] = digest.hexdigest()
-
-
-def _gae_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
-    """What a ``gae`` run recorded in the source (None where it recorded nothing)."""
-    names = {
-        "gamma": "gae_gamma",
-        "lambda": "gae_lambda",
-        "advantages_normalized": "advantages_normalized",
-        "timeouts_bootstrapped": "timeouts_bootstrapped",
-    }
-    return {key: attrs.get(name) for key, name in names.items()}
+def _layouts(plan: BatchPlan, fields: list[Field], N: int) -> list[Shapes]:
+    """The file layouts of feed-forward and distillation shards (one or two shapes), built before any data
+    is held; recurrent shards vary with their trajectories and are laid out as they come."""
+    if plan.mode == "recurrent":
+        return []
+    first = plan.passes[0]
+    out: list[Shapes] = []
+    for shard in sorted({first.sizes.index(size) for size in first.sizes}):
+        size = first.sizes[shard]
+        if plan.mode == "feedforward":
+            shapes = {f.name: ((size, *f.row_shape), f.numpy_dtype) for f in fields}
+            shapes["index"] = ((size,), np.dtype(np.int64))
+        else:
+            assert first.steps is not None
+            steps = first.steps[shard][1] - first.steps[shard][0]
+            shapes = {f.name: ((steps, N, *f.row_shape), f.numpy_dtype) for f in fields}
+            shapes["steps"] = ((steps,), np.dtype(np.int64))
+        out.append(shapes)
+    return out
 
 
 def _manifest(
     reader: RolloutReader,
     options: BatchOptions,
     plan: BatchPlan,
-    fields: list[_Field],
+    fields: list[Field],
     entries: list[dict[str, Any]],
     source_sha256: str,
     distribution: list[str],
 ) -> dict[str, Any]:
-    src = reader.path
     order_key = (options.mode, "shuffle" if options.shuffle_envs else options.rsl_parity)
     return {
         "format": MANIFEST_FORMAT,
         "format_version": FORMAT_VERSION,
         "mode": options.mode,
-        "source": {
-            "path": os.path.abspath(src),
-            "size_bytes": os.stat(src).st_size,
-            "sha256": source_sha256,
-            "T": reader.T,
-            "N": reader.N,
-        },
+        "source": source_record(reader, source_sha256),
         "options": {key: value for key, value in asdict(options).items() if key != "mode"},
         "order": ORDER_TEXT[order_key],
-        "gae": _gae_attrs(reader.schema.attrs),
+        "gae": gae_attrs(reader.schema.attrs),
         "rows_per_epoch": sum(plan.passes[0].sizes),
         "dropped_rows": plan.dropped_rows,
         "dropped_envs": plan.dropped_envs,
         "observation_keys": sorted(reader.schema.observation_keys),
         "distribution_order": distribution,
-        "fields": {
-            f.name: {"dtype": str(f.dtype).removeprefix("torch."), "row_shape": list(f.row_shape)} for f in fields
-        },
+        "fields": field_records(fields),
         "shards": entries,
     }
 
@@ -576,43 +371,25 @@ def run_batch(
         distribution = distribution_order(reader) if exported else []
         group_attrs = {"distribution": {"order": distribution}} if exported else {}
         attrs = {"rolloutcli_format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "mode": options.mode}
-        source_hash: dict[str, str] = {}
-        stop_hash = threading.Event()
-        hasher = threading.Thread(target=_hash_file, args=(src, source_hash, stop_hash), daemon=True)
-        # One torch thread: the gathers are a small part of the work, and an idle OpenMP worker spinning on
-        # the second core slowed the hashing and writing threads (measured: 2-3x slower exports).
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+
+        def shard_tensors(pass_index: int, shard: int, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return _shard_tensors(options.mode, plan.passes[pass_index], shard, rows, fields, T, N)
+
         try:
-            hasher.start()  # the source's sha256, beside the export
-            with atomic_folder(dst, inputs=[src], overwrite=overwrite) as tmp:
-                with ShardWriter(tmp, attrs, group_attrs, compression=options.compression, label=dst) as writer:
-                    emitter = _Emitter(plan, writer, fields, T, N, progress, buffer_sets=1 if streamed else 2)
-                    emitter.prepare()
-                    progress.start("batch", sum(len(p.sizes) for p in plan.passes) + len(plan.passes) * len(blocks))
-                    if streamed:
-                        _streamed(reader, fields, emitter, tmp, blocks, run.max_memory)
-                    else:
-                        _in_memory(reader, fields, emitter)
-                    writer.wait_all()
-                hasher.join()
-                if "sha256" not in source_hash:
-                    reason = source_hash.get("error")
-                    raise RolloutError(f"{src}: cannot read the file to hash it: {reason}.", exit_code=EXIT_IO)
-                entries = []
-                for epoch, pass_index in enumerate(plan.epoch_pass):
-                    for shard, size in enumerate(plan.passes[pass_index].sizes):
-                        name = emitter.file_name(pass_index, shard)
-                        entry = {"file": name, "epoch": epoch, "mini_batch": shard, "rows": size}
-                        entries.append({**entry, "sha256": writer.results[name][1]})
-                manifest = _manifest(reader, options, plan, fields, entries, source_hash["sha256"], distribution)
-                write_manifest(tmp, manifest)  # last: a folder with a manifest is complete
-                progress.finish()
+            with ShardExport(src, dst, attrs, group_attrs, compression=options.compression, overwrite=overwrite) as out:
+                emitter = Emitter(plan, out.writer, fields, progress, shard_tensors, buffer_sets=1 if streamed else 2)
+                emitter.prepare(_layouts(plan, fields, N))
+                progress.start("batch", sum(len(p.sizes) for p in plan.passes) + len(plan.passes) * len(blocks))
+                if streamed:
+                    _streamed(reader, fields, emitter, out.tmp, blocks, run.max_memory)
+                else:
+                    _in_memory(reader, fields, emitter)
+                sha256 = out.source_sha256()
+                entries = emitter.entries()
+                manifest = _manifest(reader, options, plan, fields, entries, sha256, distribution)
+                out.publish(manifest)
         finally:
-            torch.set_num_threads(threads)
-            stop_hash.set()
             progress.finish()
-    written = sum(size for size, _ in writer.results.values())
     seconds = time.perf_counter() - started
     return {
         "input": str(src),
@@ -621,16 +398,16 @@ def run_batch(
         "T": T,
         "N": N,
         **{key: value for key, value in asdict(options).items() if key != "mode"},
-        "files": len(writer.results),
+        "files": len(out.writer.results),
         "entries": len(entries),
         "rows_per_epoch": manifest["rows_per_epoch"],
         "dropped_rows": plan.dropped_rows,
         "dropped_envs": plan.dropped_envs,
-        "bytes_written": written,
+        "bytes_written": out.bytes_written,
         "streamed": streamed,
         "blocks": len(blocks) if streamed else 1,
         "gae": manifest["gae"],
         "order": manifest["order"],
         "seconds": seconds,
-        "gb_per_s": written / seconds / 1e9 if seconds > 0 else None,
+        "gb_per_s": out.bytes_written / seconds / 1e9 if seconds > 0 else None,
     }
