@@ -21,9 +21,20 @@ def identifiable(T: int, N: int, dim: int, dtype: Any = np.float32) -> np.ndarra
     return (t + n + k).astype(dtype)
 
 
-def rollout_arrays(T: int = 12, N: int = 3, *, seed: int = 0, end_rate: float = 0.2, obs_dim: int = 4,
-                   critic_dim: int = 5, action_dim: int = 2, hidden: str | None = "gru", layers: int = 1,
-                   hidden_size: int = 3, time_out_rate: float = 0.5) -> dict[str, np.ndarray]:
+def rollout_arrays(
+    T: int = 12,
+    N: int = 3,
+    *,
+    seed: int = 0,
+    end_rate: float = 0.2,
+    obs_dim: int = 4,
+    critic_dim: int = 5,
+    action_dim: int = 2,
+    hidden: str | None = "gru",
+    layers: int = 1,
+    hidden_size: int = 3,
+    time_out_rate: float = 0.5,
+) -> dict[str, np.ndarray]:
     """A complete, valid rollout as numpy arrays keyed by dataset path."""
     rng = np.random.default_rng(seed)
     dones = (rng.random((T, N)) < end_rate).astype(np.uint8)
@@ -50,8 +61,9 @@ def rollout_arrays(T: int = 12, N: int = 3, *, seed: int = 0, end_rate: float = 
     return arrays
 
 
-def write_rollout(path: Path, arrays: dict[str, np.ndarray], attrs: dict[str, Any] | None = None,
-                  **dataset_options: Any) -> Path:
+def write_rollout(
+    path: Path, arrays: dict[str, np.ndarray], attrs: dict[str, Any] | None = None, **dataset_options: Any
+) -> Path:
     """Write ``arrays`` to ``path`` as a rollout file with plain h5py."""
     with h5py.File(path, "w") as handle:
         handle.attrs["rolloutcli_format"] = "rollout"

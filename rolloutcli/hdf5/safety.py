@@ -233,13 +233,25 @@ def audit_dataset(path: Path, name: str, dataset: h5py.Dataset, options: SafetyO
                 "bomb). Re-save with smaller chunks."
             )
             return unsafe
-        if _filter_ids(dataset):
-            short = _shortest_chunk(dataset)
-            if short is not None and short < FLETCHER32_BYTES:
-                unsafe.append(
-                    f"{path}: field '{name}': expected filtered chunks of at least {FLETCHER32_BYTES} "
-                    f"bytes, found a stored chunk of {short} bytes; the file is corrupt."
-                )
+        short, end = _chunk_extent(dataset)
+        if _filter_ids(dataset) and short is not None and short < FLETCHER32_BYTES:
+            unsafe.append(
+                f"{path}: field '{name}': expected filtered chunks of at least {FLETCHER32_BYTES} "
+                f"bytes, found a stored chunk of {short} bytes; the file is corrupt."
+            )
+            return unsafe
+    elif not dataset.external and not dataset.is_virtual and dataset.id.get_offset() is not None:
+        end = dataset.id.get_offset() + dataset.id.get_storage_size()
+    else:
+        end = 0
+    # Stored data past the end of the file: reading it fails, and copying it (HDF5 object copy) hits a
+    # double free in libhdf5's error path (H5D__chunk_copy, fixed upstream after HDF5 2.0.0).
+    size = os.path.getsize(dataset.file.filename)
+    if end > size:
+        unsafe.append(
+            f"{path}: field '{name}': expected data stored inside the file ({size} bytes), found data stored "
+            f"up to byte {end}; the file is corrupt or truncated."
+        )
     return unsafe
 
 
@@ -261,23 +273,23 @@ def _special_file(path: Path, name: str | bytes) -> str | None:
     return None
 
 
-def _shortest_chunk(dataset: h5py.Dataset) -> int | None:
-    """Smallest stored (compressed) chunk size in bytes, None when no chunk is allocated."""
-    sizes: list[int] = []
+def _chunk_extent(dataset: h5py.Dataset) -> tuple[int | None, int]:
+    """(smallest stored chunk size or None when no chunk is allocated, end offset of the last stored byte)."""
     smallest: list[int | None] = [None]
+    end = [0]
 
     def visit(info: h5py.h5d.StoreInfo) -> None:
         current = smallest[0]
         if current is None or info.size < current:
             smallest[0] = info.size
+        end[0] = max(end[0], info.byte_offset + info.size)
 
     try:
         dataset.id.chunk_iter(visit)
     except AttributeError:  # older libhdf5 without H5Dchunk_iter
         for index in range(dataset.id.get_num_chunks()):
-            sizes.append(dataset.id.get_chunk_info(index).size)
-        return min(sizes) if sizes else None
-    return smallest[0]
+            visit(dataset.id.get_chunk_info(index))
+    return smallest[0], end[0]
 
 
 def audit_file(path: Path, handle: h5py.File, options: SafetyOptions) -> None:

@@ -1,0 +1,293 @@
+"""The commands whose promises (docs/promises.md) the ``test_promises_*`` files check, and their shared helpers.
+
+Every fault, bad-input, hostile-file and fuzz table iterates ``COMMANDS``: adding a command to all of them is
+one line here. A command is described by how to build its argv from an input and an output path, what it
+writes (a file, a folder or only stdout), whether it replaces its input, and which kind of file it reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+from rollout_factory import make_rollout, rollout_arrays, write_rollout
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+# Temporary outputs are named ``.<name>.rolloutcli-tmp-<random>`` (``-old-<random>`` for a folder moved aside).
+TEMP_PATTERN = re.compile(r"^\..+\.rolloutcli-tmp-[A-Za-z0-9_-]+$")
+# The test hook of rolloutcli/cli.py: sleep this long after the first block, after printing PAUSE_MARKER.
+PAUSE_ENV = "ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK"
+PAUSE_MARKER = "rolloutcli: test pause after block 1"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One row of the promise tables.
+
+    Attributes:
+        args: argv for ``(input, output)``; commands without an output ignore the second argument.
+        output: ``"file"``, ``"folder"`` or None (results on stdout only).
+        in_place: the command replaces its input (the input *is* the output).
+        source: the file it reads: ``"rollout"``, ``"gae"`` (a rollout with advantages and returns) or
+            ``"split"`` (a file written by ``split``).
+        strict: extra arguments that turn value problems into failures (``inspect --strict``).
+    """
+
+    args: Callable[[str, str], list[str]]
+    output: str | None = "file"
+    in_place: bool = False
+    source: str = "rollout"
+    strict: tuple[str, ...] = ()
+
+    @property
+    def writes(self) -> bool:
+        return self.output is not None
+
+    def argv(self, src: Path | str, dst: Path | str | None = None, *extra: str) -> list[str]:
+        return [*self.args(str(src), str(dst)), "-q", *extra]
+
+    def output_path(self, src: Path, folder: Path) -> Path | None:
+        """Where the command's result lands (the input itself for in-place commands)."""
+        if self.in_place:
+            return src
+        if self.output is None:
+            return None
+        return folder / ("out.h5" if self.output == "file" else "out")
+
+
+COMMANDS: dict[str, Command] = {
+    "inspect": Command(lambda s, d: ["inspect", s, "--json"], output=None, strict=("--strict",)),
+    "gae": Command(lambda s, d: ["gae", s, "-o", d]),
+    "gae --in-place": Command(lambda s, d: ["gae", s, "--in-place"], in_place=True),
+    "split": Command(lambda s, d: ["split", s, "-o", d]),
+    "split --unpad": Command(lambda s, d: ["split", "--unpad", s, "-o", d], source="split"),
+    "batch": Command(lambda s, d: ["batch", s, "-o", d, "-m", "4"], output="folder", source="gae"),
+}
+WRITERS = [name for name, command in COMMANDS.items() if command.writes]
+ROLLOUT_READERS = [name for name, command in COMMANDS.items() if command.source in ("rollout", "gae")]
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+
+def make_input(source: str, path: Path, **rollout: Any) -> Path:
+    """A valid input of kind ``source`` at ``path`` (``rollout_factory.rollout_arrays`` options apply)."""
+    dataset_options = rollout.pop("dataset_options", {})
+    if source == "rollout":
+        return make_rollout(path, dataset_options=dataset_options, **rollout)
+    arrays = rollout_arrays(**rollout)
+    return input_from_arrays(source, path, arrays, **dataset_options)
+
+
+def input_from_arrays(
+    source: str, path: Path, arrays: dict[str, np.ndarray], attrs: dict | None = None, **dataset_options: Any
+) -> Path:
+    """An input of kind ``source`` built from (possibly invalid) rollout ``arrays``."""
+    if source == "rollout":
+        return write_rollout(path, arrays, attrs, **dataset_options)
+    if source == "gae":
+        shape = arrays["rewards"].shape[:2] if "rewards" in arrays else (1, 1)
+        arrays = {**arrays, "advantages": np.zeros(shape, np.float32), "returns": np.zeros(shape, np.float32)}
+        gae_attrs = {
+            "gae_gamma": 0.99,
+            "gae_lambda": 0.95,
+            "advantages_normalized": True,
+            "timeouts_bootstrapped": True,
+            "last_values_mode": "recorded",
+        }
+        return write_rollout(path, arrays, {**gae_attrs, **(attrs or {})}, **dataset_options)
+    if source == "split":
+        from rolloutcli.pipeline.options import RunOptions
+        from rolloutcli.pipeline.split import SplitOptions, run_split
+
+        rollout = write_rollout(path.with_name(f"rollout-of-{path.name}"), arrays, attrs)
+        try:
+            run_split(rollout, path, SplitOptions(), RunOptions())
+        finally:
+            rollout.unlink()
+        return path
+    raise ValueError(source)
+
+
+def repack(path: Path, **dataset_options: Any) -> Path:
+    """Rewrite every dataset of ``path`` with ``dataset_options`` (e.g. gzip + fletcher32), attributes kept."""
+    tmp = path.with_name(path.name + ".repack")
+    with h5py.File(path, "r") as source, h5py.File(tmp, "w") as target:
+        target.attrs.update(dict(source.attrs))
+
+        def copy(name: str, obj: Any) -> None:
+            if isinstance(obj, h5py.Dataset):
+                data = obj[()]
+                options = dataset_options if data.ndim and data.size else {}
+                if options.get("chunks") == "thirds":
+                    options = {**options, "chunks": (max(1, data.shape[0] // 3), *data.shape[1:])}
+                target.create_dataset(name, data=data, **options)
+                target[name].attrs.update(dict(obj.attrs))
+
+        source.visititems(copy)
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def temporaries(folder: Path) -> list[str]:
+    """Names in ``folder`` carrying the temporary-output marker."""
+    return sorted(name for name in os.listdir(folder) if ".rolloutcli-tmp-" in name)
+
+
+def error_lines(err: str) -> list[str]:
+    """stderr lines that are not warnings or the test hook's marker (a failure must leave exactly one)."""
+    return [
+        line
+        for line in err.splitlines()
+        if line.strip() and not line.startswith("warning: ") and not line.startswith(PAUSE_MARKER)
+    ]
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def run_in_process(argv: Sequence[str]) -> tuple[int, str, str]:
+    """``rolloutcli.cli.main(argv)`` with stdout and stderr captured (for use outside pytest's capsys)."""
+    from rolloutcli.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+# ------------------------------------------------------------------------------------------------ processes
+
+
+@dataclass
+class Run:
+    """A finished ``python -m rolloutcli`` child."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    paused: bool = False  # the test hook's marker was seen before the signal
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop(PAUSE_ENV, None)
+    env.update(extra)
+    return env
+
+
+# Runs before rolloutcli in the child, then execs it (same pid): Ctrl-C gets its default meaning even when
+# the test runner ignores SIGINT, SIGXFSZ is ignored (a write past the size limit fails with EFBIG instead
+# of killing the process) and RLIMIT_FSIZE is set when asked. Used instead of ``preexec_fn``, which is not
+# safe in a process with threads (the tests start children from a thread pool).
+LAUNCHER = """
+import os, resource, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+limit = int(sys.argv[1])
+if limit:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
+
+
+def run_rolloutcli(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    file_size_limit: int = 0,
+    signal_after_pause: int | None = None,
+    stdout: Any = subprocess.PIPE,
+    timeout: float = 120.0,
+) -> Run:
+    """Run ``python -m rolloutcli *argv`` in a child (``file_size_limit`` bytes per file when non-zero); with
+    ``signal_after_pause``, run it with the test hook (``ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK``), wait for its
+    marker on stderr, then send that signal."""
+    started = time.perf_counter()
+    env = dict(env or child_env())
+    if signal_after_pause is not None:
+        env[PAUSE_ENV] = "300"
+    process = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(file_size_limit), "-m", "rolloutcli", *map(str, argv)],
+        cwd=cwd,
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+    out_parts: list[str] = []
+
+    def pump_err() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    def pump_out() -> None:
+        assert process.stdout is not None
+        out_parts.append(process.stdout.read())
+
+    pumps = [threading.Thread(target=pump_err, daemon=True)]
+    if stdout is subprocess.PIPE:
+        pumps.append(threading.Thread(target=pump_out, daemon=True))
+    for pump in pumps:
+        pump.start()
+    err: list[str] = []
+    paused = False
+    deadline = time.monotonic() + timeout
+    if signal_after_pause is not None:
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            err.append(line)
+            if line.startswith(PAUSE_MARKER):
+                paused = True
+                process.send_signal(signal_after_pause)
+                break
+    try:
+        process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        err.append("<test: the child was killed after the timeout>\n")
+    for pump in pumps:
+        pump.join(timeout=10)
+    while True:
+        try:
+            line = lines.get_nowait()
+        except queue.Empty:
+            break
+        if line is not None:
+            err.append(line)
+    return Run(process.returncode, "".join(out_parts), "".join(err), paused, time.perf_counter() - started)

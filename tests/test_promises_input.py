@@ -1,0 +1,335 @@
+"""Bad input (docs/promises.md): every validation rule, through every command of ``COMMANDS``, via the CLI.
+
+For each rule and command: exit 1, one ``error:`` line naming the field and the problem, no output and no
+temporary file left, and the input's bytes unchanged (hash before and after). Rules of the rollout format
+apply to the commands that read rollouts; ``split --unpad`` reads split files and has its own table. A
+hypothesis property closes the file: on generated rollouts every command succeeds or fails cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from promises import COMMANDS, ROLLOUT_READERS, digest, error_lines, input_from_arrays, make_input, temporaries
+from rollout_factory import rollout_arrays
+
+Arrays = dict[str, np.ndarray]
+
+
+def _drop(*names: str) -> Callable[[Arrays], None]:
+    def change(arrays: Arrays) -> None:
+        for name in names:
+            arrays.pop(name)
+
+    return change
+
+
+def _set(name: str, make: Callable[[Arrays], np.ndarray]) -> Callable[[Arrays], None]:
+    def change(arrays: Arrays) -> None:
+        arrays[name] = make(arrays)
+
+    return change
+
+
+def _poke(name: str, value: float, dtype: type | None = None) -> Callable[[Arrays], None]:
+    """Set one element of ``name`` (converted to ``dtype`` first)."""
+
+    def change(arrays: Arrays) -> None:
+        data = arrays[name].astype(dtype or arrays[name].dtype)
+        data.reshape(-1)[1] = value
+        arrays[name] = data
+
+    return change
+
+
+def _orphan_time_out(arrays: Arrays) -> None:
+    time_outs = arrays["time_outs"].copy()
+    t, n = np.argwhere(arrays["dones"] == 0)[0]
+    time_outs[t, n] = 1
+    arrays["time_outs"] = time_outs
+
+
+def _empty(axis: int) -> Callable[[Arrays], None]:
+    def change(arrays: Arrays) -> None:
+        for name, value in list(arrays.items()):
+            if name == "last_values":
+                arrays[name] = value[:0] if axis == 1 else value
+            elif name.startswith("hidden_states/"):
+                arrays[name] = value[:0] if axis == 0 else value[:, :, :0]
+            else:
+                arrays[name] = value[:0] if axis == 0 else value[:, :0]
+
+    return change
+
+
+# rule: (change of a valid rollout, field named, words naming the problem, commands it applies to or None = all
+# commands reading rollouts)
+RULES: dict[str, tuple[Callable[[Arrays], None], str, str, tuple[str, ...] | None]] = {
+    "missing rewards": (_drop("rewards"), "rewards", "found nothing", None),
+    "missing actions": (_drop("actions"), "actions", "found nothing", None),
+    "missing dones": (_drop("dones"), "dones", "found nothing", None),
+    "missing observations": (
+        _drop("observations/policy", "observations/critic"),
+        "observations",
+        "found nothing",
+        None,
+    ),
+    "T disagrees": (
+        _set("actions", lambda a: np.zeros((13, 3, 2), np.float32)),
+        "actions",
+        "expected shape [T, N, ...] with T=12, N=3, found shape (13, 3, 2)",
+        None,
+    ),
+    "N disagrees": (
+        _set("values", lambda a: np.zeros((12, 4), np.float32)),
+        "values",
+        "expected shape [T, N] = [12, 3] (or [12, 3, 1]), found shape (12, 4)",
+        None,
+    ),
+    "wrong rank": (_set("dones", lambda a: np.zeros((12, 3, 2), np.uint8)), "dones", "found shape (12, 3, 2)", None),
+    "rewards of rank 1": (
+        _set("rewards", lambda a: np.zeros(12, np.float32)),
+        "rewards",
+        "expected shape [T, N] or [T, N, 1], found shape (12,)",
+        None,
+    ),
+    "non-numeric dtype": (
+        _set("actions", lambda a: np.full((12, 3, 2), b"abc")),
+        "actions",
+        "expected a numeric dtype (bool, integer or float), found dtype |S3",
+        None,
+    ),
+    "NaN rewards": (_poke("rewards", np.nan), "rewards", "expected finite numbers, found 1 NaN/Inf values", None),
+    "Inf values": (_poke("values", np.inf), "values", "expected finite numbers, found 1 NaN/Inf values", None),
+    "NaN last_values": (_poke("last_values", np.nan), "last_values", "expected finite numbers", None),
+    "dones outside 0/1": (_poke("dones", 2, np.int32), "dones", "expected only 0 and 1, found 1 other values", None),
+    "time_outs outside 0/1": (_poke("time_outs", 7, np.int32), "time_outs", "expected only 0 and 1", None),
+    "time-out where dones is 0": (
+        _orphan_time_out,
+        "time_outs",
+        "expected time-outs only where dones is 1, found 1 time-outs where dones is 0",
+        None,
+    ),
+    "empty T": (_empty(0), "rewards", "expected at least one step and one env, found T=0, N=3", None),
+    "empty N": (_empty(1), "rewards", "expected at least one step and one env, found T=12, N=0", None),
+    "last_values shape": (
+        _set("last_values", lambda a: np.zeros(4, np.float32)),
+        "last_values",
+        "expected shape [N] = [3] (or [3, 1]), found shape (4,)",
+        None,
+    ),
+    "hidden state rank": (
+        _set("hidden_states/actor/0", lambda a: np.zeros((12, 3, 3), np.float32)),
+        "hidden_states/actor/0",
+        "expected shape [T, layers, N, hidden]",
+        None,
+    ),
+    "LSTM h and c differ": (
+        _set("hidden_states/critic/1", lambda a: np.zeros((12, 2, 3, 3), np.float32)),
+        "hidden_states/critic",
+        "expected LSTM h and c of the same shape",
+        None,
+    ),
+    "hidden state index": (
+        _set("hidden_states/actor/2", lambda a: np.zeros((12, 1, 3, 3), np.float32)),
+        "hidden_states/actor/2",
+        "expected hidden_states/actor/<0|1>",
+        None,
+    ),
+    "gae without values": (
+        _drop("values"),
+        "values",
+        "expected a dataset [T, N] of V(s_t), found nothing",
+        ("gae", "gae --in-place"),
+    ),
+    "gae without last_values": (_drop("last_values"), "last_values", "found nothing", ("gae", "gae --in-place")),
+}
+RULE_CASES = [
+    (rule, name) for rule, (*_, only) in RULES.items() for name in ROLLOUT_READERS if only is None or name in only
+]
+
+
+def _assert_refused(
+    folder: Path, name: str, src: Path, before: str, code: int, out: str, err: str, field: str, words: str
+) -> None:
+    command = COMMANDS[name]
+    assert code == 1, err
+    lines = error_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    shown = out + err if command.strict else err  # inspect --strict lists value problems in its report
+    assert f"field '{field}'" in shown and words in shown, err
+    if not command.strict:
+        assert out == ""
+    assert digest(src) == before, "the input was modified"
+    assert sorted(os.listdir(folder)) == [src.name] and temporaries(folder) == []
+
+
+@pytest.mark.parametrize("case", RULE_CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_validation_rule(tmp_path: Path, cli, case: tuple[str, str]) -> None:
+    rule, name = case
+    change, field, words, _ = RULES[rule]
+    command = COMMANDS[name]
+    arrays = rollout_arrays(hidden="lstm")
+    change(arrays)
+    src = input_from_arrays(command.source, tmp_path / "in.h5", arrays)
+    before = digest(src)
+    code, out, err = cli(*command.argv(src, command.output_path(src, tmp_path), *command.strict))
+    _assert_refused(tmp_path, name, src, before, code, out, err, field, words)
+
+
+# ------------------------------------------------------------------------------------ split files (--unpad)
+
+
+def _delete(name: str) -> Callable[[h5py.File], None]:
+    return lambda handle: handle.__delitem__(name)
+
+
+def _attr(key: str, value: object) -> Callable[[h5py.File], None]:
+    def change(handle: h5py.File) -> None:
+        if value is None:
+            del handle.attrs[key]
+        else:
+            handle.attrs[key] = value
+
+    return change
+
+
+def _reshape(name: str, grow: int, axis: int) -> Callable[[h5py.File], None]:
+    def change(handle: h5py.File) -> None:
+        data = handle[name][()]
+        pad = [(0, 0)] * data.ndim
+        pad[axis] = (0, grow)
+        del handle[name]
+        handle[name] = np.pad(data, pad)
+
+    return change
+
+
+def _lengthen_first_span(handle: h5py.File) -> None:
+    lengths = handle["trajectory_length"][()]
+    lengths[0] += 1
+    handle["trajectory_length"][...] = lengths
+
+
+def _shift_second_span(handle: h5py.File) -> None:
+    """Overlapping spans with the same total: trajectory 1 starts one step early, trajectory 0 is one longer
+    only by count (the sum of lengths still equals T * N)."""
+    starts, lengths = handle["trajectory_start"][()], handle["trajectory_length"][()]
+    starts[1] -= 1
+    lengths[0] += 1
+    lengths[-1] -= 1
+    handle["trajectory_start"][...] = starts
+    handle["trajectory_length"][...] = lengths
+
+
+SPLIT_RULES: dict[str, tuple[Callable[[h5py.File], None], str, str]] = {
+    "not a split file": (
+        _attr("rolloutcli_format", "rollout"),
+        "/ (attribute rolloutcli_format)",
+        "expected 'trajectories' (a file written by rolloutcli split), found 'rollout'",
+    ),
+    "no source_T": (_attr("source_T", None), "/ (attribute source_T)", "expected a positive integer, found nothing"),
+    "negative source_N": (_attr("source_N", -3), "/ (attribute source_N)", "expected a positive integer"),
+    "no split_fields": (_attr("split_fields", None), "/ (attribute split_fields)", "found nothing"),
+    "missing masks": (_delete("masks"), "masks", "expected a dataset written by split, found nothing"),
+    "missing trajectory_length": (_delete("trajectory_length"), "trajectory_length", "found nothing"),
+    "missing split field": (_delete("actions"), "actions", "expected a dataset written by split, found nothing"),
+    "field of the wrong shape": (_reshape("actions", 1, 1), "actions", "expected shape [L, M, ...]"),
+    "span of the wrong shape": (_reshape("trajectory_start", 2, 0), "trajectory_start", "expected shape [M]"),
+    "spans not covering T*N": (
+        _lengthen_first_span,
+        "trajectory_env/trajectory_start/trajectory_length",
+        "expected env-major spans tiling every env's T = 12 steps",
+    ),
+    "overlapping spans": (
+        _shift_second_span,
+        "trajectory_env/trajectory_start/trajectory_length",
+        "expected env-major spans tiling",
+    ),
+}
+SPLIT_READERS = [name for name, command in COMMANDS.items() if command.source == "split"]
+SPLIT_CASES = [(rule, name) for rule in SPLIT_RULES for name in SPLIT_READERS]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_split_file_rule(tmp_path: Path, cli, case: tuple[str, str]) -> None:
+    rule, name = case
+    change, field, words = SPLIT_RULES[rule]
+    command = COMMANDS[name]
+    src = make_input(command.source, tmp_path / "in.h5", end_rate=0.3)
+    with h5py.File(src, "a") as handle:
+        change(handle)
+    before = digest(src)
+    code, out, err = cli(*command.argv(src, command.output_path(src, tmp_path)))
+    _assert_refused(tmp_path, name, src, before, code, out, err, field, words)
+
+
+# ------------------------------------------------------------------------------------------ property
+
+
+@st.composite
+def perturbed_rollouts(draw: st.DrawFn) -> Arrays:
+    """Valid rollouts of random size and layout, with a few random faults (often none)."""
+    T, N = draw(st.integers(1, 7)), draw(st.integers(1, 4))
+    arrays = rollout_arrays(
+        T,
+        N,
+        seed=draw(st.integers(0, 2**16)),
+        end_rate=draw(st.floats(0, 1)),
+        hidden=draw(st.sampled_from([None, "gru", "lstm"])),
+        obs_dim=draw(st.integers(1, 3)),
+    )
+    for _ in range(draw(st.integers(0, 2))):
+        name = draw(st.sampled_from(sorted(arrays)))
+        fault = draw(st.sampled_from(["drop", "dtype", "shape", "nan", "flag", "trailing one"]))
+        value = arrays[name]
+        if fault == "drop":
+            arrays.pop(name)
+        elif fault == "dtype":
+            arrays[name] = value.astype(draw(st.sampled_from([np.float16, np.float64, np.int8, np.uint8, np.bool_])))
+        elif fault == "shape":
+            arrays[name] = value.reshape(-1) if value.ndim > 1 else value[:, None, None]
+        elif fault == "nan" and value.dtype.kind == "f" and value.size:
+            value = value.copy()
+            value.reshape(-1)[0] = np.nan
+            arrays[name] = value
+        elif fault == "flag" and value.size:
+            arrays[name] = value.astype(np.int16) + 2
+        elif fault == "trailing one":
+            arrays[name] = value[..., None]
+    return arrays
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arrays=perturbed_rollouts(), name=st.sampled_from(list(COMMANDS)))
+def test_every_command_succeeds_or_fails_cleanly(
+    tmp_path_factory: pytest.TempPathFactory, cli, arrays: Arrays, name: str
+) -> None:
+    """``main`` re-raises anything that is not a ``RolloutError``: only codes 0-4 may come back."""
+    folder = tmp_path_factory.mktemp("property")
+    command = COMMANDS[name]
+    try:
+        src = input_from_arrays(command.source, folder / "in.h5", arrays)
+    except Exception as error:
+        assert type(error).__name__ == "RolloutError"
+        return
+    before = digest(src)
+    dst = command.output_path(src, folder)
+    code, out, err = cli(*command.argv(src, dst))
+    event(f"{name}: exit {code}")
+    assert code in (0, 1, 2, 3, 4), err  # 2: options the file is too small for (batch -m 4 on 3 rows)
+    if code == 0:
+        assert error_lines(err) == []
+        if dst is not None:
+            assert dst.exists()
+    else:
+        assert len(error_lines(err)) == 1 and out == ""
+        assert digest(src) == before and sorted(os.listdir(folder)) == ["in.h5"]
+    assert temporaries(folder) == []
