@@ -37,6 +37,16 @@ def create_file(path: Any) -> h5py.File:
     return handle
 
 
+def create_output(path: Any) -> h5py.File:
+    """Open a fresh, empty output file (the temporary path of an atomic output)."""
+    return h5py.File(path, "w", libver=("earliest", "latest"))
+
+
+def open_for_update(path: Any) -> h5py.File:
+    """Open our own temporary copy of a file for adding datasets (never an input)."""
+    return h5py.File(path, "r+")
+
+
 def write_attrs(handle: h5py.File, attrs: Mapping[str, Any]) -> None:
     """Set root attributes (None values are skipped)."""
     for key, value in attrs.items():

@@ -24,7 +24,7 @@ from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_USAGE, RolloutError, 
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.safety import HDF5_ERRORS, check_regular_file, translate_write_error
-from rolloutcli.hdf5.writer import copy_file_bytes, create_empty, write_env_block
+from rolloutcli.hdf5.writer import copy_file_bytes, create_empty, open_for_update, write_env_block
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import NoProgress, Progress
 
@@ -154,8 +154,6 @@ def run_gae(
 def _write(
     reader: RolloutReader, tmp: Path, options: GaeOptions, run: RunOptions, bootstrap: bool, progress: Progress
 ) -> dict[str, Any]:
-    import h5py
-
     schema = reader.schema
     T, N = schema.T, schema.N
     inputs = [n for n in ("rewards", "values", "dones", "time_outs") if n in schema.fields]
@@ -167,7 +165,7 @@ def _write(
     progress.start("copy", 1)
     copy_file_bytes(reader.path, tmp)
     progress.advance()
-    with h5py.File(tmp, "r+") as out:
+    with open_for_update(tmp) as out:
         if bootstrap:
             if "rewards_raw" in out:
                 del out["rewards_raw"]

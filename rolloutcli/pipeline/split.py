@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 import torch
 
@@ -42,8 +41,8 @@ from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_l
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.safety import HDF5_ERRORS, open_hdf5, translate_hdf5_error, translate_write_error
-from rolloutcli.hdf5.schema import FORMAT_NAME
-from rolloutcli.hdf5.writer import copy_datasets, copy_root_attrs
+from rolloutcli.hdf5.schema import FORMAT_NAME, list_datasets
+from rolloutcli.hdf5.writer import copy_datasets, copy_root_attrs, create_output
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import NoProgress, Progress
 
@@ -205,7 +204,7 @@ def _write_split(
     device = run.device
     largest = max(int(counts[a:b].sum()) for a, b in blocks) * L
     buffers = {name: torch.zeros(largest * row_bytes[name], dtype=torch.uint8, device=device) for name in fields}
-    with h5py.File(tmp, "w", libver=("earliest", "latest")) as out:
+    with create_output(tmp) as out:
         copy_root_attrs(reader.handle, out)
         copy_datasets(reader.handle, out, verbatim)
         for path in hidden:
@@ -285,7 +284,7 @@ def run_unpad(
     }
 
 
-def _split_layout(path: Path, handle: h5py.File) -> dict[str, Any]:
+def _split_layout(path: Path, handle: Any) -> dict[str, Any]:
     """Read and check the split file's layout; every problem at once."""
     attrs = handle.attrs
     if attrs.get("rolloutcli_format") != SPLIT_FORMAT:
@@ -299,6 +298,7 @@ def _split_layout(path: Path, handle: h5py.File) -> dict[str, Any]:
             ),
             exit_code=EXIT_BAD_DATA,
         )
+    datasets = list_datasets(handle)
     problems = []
     sizes = {key: _positive_int(attrs.get(key)) for key in ("source_T", "source_N")}
     for key, value in sizes.items():
@@ -311,7 +311,7 @@ def _split_layout(path: Path, handle: h5py.File) -> dict[str, Any]:
     if raw_fields is None or not fields:
         problems.append(problem_line(path, "/ (attribute split_fields)", "the names of the split fields", "nothing"))
     for name in (*SPAN_NAMES, "masks", *fields):
-        if name not in handle or not isinstance(handle[name], h5py.Dataset):
+        if name not in datasets:
             problems.append(problem_line(path, name, "a dataset written by split", "nothing"))
     if problems:
         raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
@@ -373,7 +373,7 @@ def _spans_tile(spans: TrajectorySpans, T: int, N: int) -> bool:
     return bool(follows.all()) and bool((end[last] == T).all()) and int(first.sum()) == N
 
 
-def _write_unpad(handle: h5py.File, tmp: Path, layout: dict[str, Any], run: RunOptions, progress: Progress) -> None:
+def _write_unpad(handle: Any, tmp: Path, layout: dict[str, Any], run: RunOptions, progress: Progress) -> None:
     T, N, L, fields, spans = layout["T"], layout["N"], layout["L"], layout["fields"], layout["spans"]
     counts = layout["counts"]
     first_trajectory = np.concatenate([[0], np.cumsum(counts)])
@@ -385,13 +385,11 @@ def _write_unpad(handle: h5py.File, tmp: Path, layout: dict[str, Any], run: RunO
     hidden_full: list[str] = []
     rest: list[str] = []
 
-    def visit(name: str, obj: h5py.HLObject) -> None:
-        if isinstance(obj, h5py.Dataset) and name not in skip:
+    for name in list_datasets(handle):
+        if name not in skip:
             (hidden_full if name.startswith(FULL_HIDDEN_PREFIX) else rest).append(name)
-
-    handle.visititems(visit)
     rest = [name for name in rest if not name.startswith("hidden_states/")]  # start states: derived data
-    with h5py.File(tmp, "w", libver=("earliest", "latest")) as out:
+    with create_output(tmp) as out:
         copy_root_attrs(handle, out)
         for key in ("source_T", "source_N", "split_pad_to", "split_max_length", "split_fields", "source_format"):
             if key in out.attrs:
