@@ -7,6 +7,7 @@ chunks without decoding them.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -37,14 +38,26 @@ def create_file(path: Any) -> h5py.File:
     return handle
 
 
+def _no_sieve_access() -> h5py.h5p.PropFAID:
+    """File access without HDF5's 1 MiB sieve buffer.
+
+    Streamed outputs are written as strided slabs (``[:, m0:m1]`` of a contiguous ``[L, M, ...]``); with the
+    sieve buffer on, libhdf5 reads back and rewrites the bytes around each run (measured: 1.6-2x slower).
+    """
+    access = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    access.set_libver_bounds(h5py.h5f.LIBVER_EARLIEST, h5py.h5f.LIBVER_LATEST)
+    access.set_sieve_buf_size(0)
+    return access
+
+
 def create_output(path: Any) -> h5py.File:
     """Open a fresh, empty output file (the temporary path of an atomic output)."""
-    return h5py.File(path, "w", libver=("earliest", "latest"))
+    return h5py.File(h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_TRUNC, fapl=_no_sieve_access()))
 
 
 def open_for_update(path: Any) -> h5py.File:
     """Open our own temporary copy of a file for adding datasets (never an input)."""
-    return h5py.File(path, "r+")
+    return h5py.File(h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDWR, fapl=_no_sieve_access()))
 
 
 def write_attrs(handle: h5py.File, attrs: Mapping[str, Any]) -> None:
