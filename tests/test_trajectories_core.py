@@ -518,3 +518,22 @@ def test_cuda_follows_the_device_and_matches_cpu() -> None:
     assert_bits_equal(
         hidden_states_at_starts(hidden.cuda(), spans).cpu(), hidden_states_at_starts(hidden, trajectory_spans(dones, 5))
     )
+
+
+def test_large_fresh_output_is_zero_padded_and_outlives_its_call() -> None:
+    """Outputs over 4 MiB come from an anonymous huge-page mapping: zeros where masked, alive after gc."""
+    import gc
+
+    from rsl_rl.utils import split_and_pad_trajectories as rsl_split
+
+    from rolloutcli.core.trajectories import split_and_pad_trajectories as ours
+
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(24, 2048, 48, generator=generator)
+    dones = (torch.rand(24, 2048, 1, generator=generator) < 0.2).to(torch.uint8)
+    padded, masks = ours(x, dones)
+    assert padded.numel() * 4 > 4 << 20
+    gc.collect()
+    expected, expected_masks = rsl_split(x, dones)
+    assert torch.equal(padded, expected) and torch.equal(masks, expected_masks)
+    assert padded[~masks].abs().sum() == 0
