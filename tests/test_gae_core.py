@@ -18,13 +18,12 @@ from tensordict import TensorDict
 
 from rolloutcli.core import gae
 from rolloutcli.core.gae import (
-    AdvantageMoments,
-    advantage_moments,
     bootstrap_time_outs,
     compute_gae,
     normalize_advantages,
     normalize_with,
 )
+from rolloutcli.core.stats import EnvMoments
 
 BACKENDS = ["numba", "torch"]
 GAMMA, LAM = 0.99, 0.95
@@ -466,14 +465,17 @@ def test_property_backends_agree_with_naive(steps, envs, gamma, lam, done_rate, 
 def test_streaming_moments_equal_whole_tensor(blocks):
     g = torch.Generator().manual_seed(1)
     adv = torch.randn(200, 70, generator=g) * 4 + 100  # |mean| >> std: the naive sum-of-squares would cancel
-    moments = AdvantageMoments(0, 0.0, 0.0)
+    moments = EnvMoments()
     for part in torch.tensor_split(adv, blocks, dim=1):  # env blocks, as a file is read
-        moments = moments.merge(advantage_moments(part))
+        moments.add(part)
+    mean, std = moments.mean_std()
     a64 = adv.double().numpy()
-    assert moments.count == adv.numel()
-    assert moments.mean == pytest.approx(a64.mean(), rel=1e-12)
-    assert moments.std == pytest.approx(a64.std(ddof=1), rel=1e-10)
-    streamed = normalize_with(adv, moments.mean, moments.std)
+    assert mean == pytest.approx(a64.mean(), rel=1e-12)
+    assert std == pytest.approx(a64.std(ddof=1), rel=1e-10)
+    whole_block = EnvMoments()
+    whole_block.add(adv)
+    assert whole_block.mean_std() == (mean, std)  # bit-identical whatever the env-block partition
+    streamed = normalize_with(adv, mean, std)
     assert streamed.dtype == torch.float32
     whole = normalize_advantages(adv)
     # float64 statistics vs RSL-RL's float32 ones: float32 rounding at the scale of |A - mean| / std.
@@ -481,14 +483,13 @@ def test_streaming_moments_equal_whole_tensor(blocks):
 
 
 def test_moments_edge_cases():
-    empty = advantage_moments(torch.zeros(0))
-    one = advantage_moments(torch.tensor([3.0]))
-    assert empty.count == 0
-    assert empty.merge(one) == one and one.merge(empty) == one
-    assert np.isnan(one.std)  # torch.std of one value is NaN too
+    one = EnvMoments()
+    one.add(torch.tensor([[3.0]]))
+    assert one.mean_std() == (3.0, 0.0)  # one value: std 0 (torch gives NaN), so it normalises to 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns about zero degrees of freedom
         assert np.isnan(torch.tensor([3.0]).std().item())
-    both = one.merge(advantage_moments(torch.tensor([5.0])))
-    assert (both.count, both.mean) == (2, 4.0)
-    assert both.std == pytest.approx(np.std([3.0, 5.0], ddof=1))
+    both = EnvMoments()
+    both.add(torch.tensor([[3.0, 5.0]]))
+    mean, std = both.mean_std()
+    assert mean == 4.0 and std == pytest.approx(np.std([3.0, 5.0], ddof=1))

@@ -38,11 +38,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -50,8 +48,6 @@ import torch
 from numba import njit
 
 __all__ = [
-    "AdvantageMoments",
-    "advantage_moments",
     "bootstrap_time_outs",
     "compute_gae",
     "normalize_advantages",
@@ -246,51 +242,8 @@ def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
 
-@dataclass(frozen=True)
-class AdvantageMoments:
-    """Count, mean and sum of squared deviations (``m2``) of a set of advantages, in float64.
-
-    Moments of env blocks merge exactly (Chan et al.'s parallel algorithm) into the moments of the whole rollout,
-    so a file processed block by block can be normalised with global statistics in a second pass. The float64
-    statistics can differ from RSL-RL's float32 ``A.mean()`` / ``A.std()`` by float32 rounding only.
-    """
-
-    count: int
-    mean: float
-    m2: float
-
-    @property
-    def std(self) -> float:
-        """Unbiased standard deviation (like ``torch.std``); NaN for fewer than two values, as torch gives."""
-        return math.sqrt(self.m2 / (self.count - 1)) if self.count > 1 else math.nan
-
-    def merge(self, other: AdvantageMoments) -> AdvantageMoments:
-        """Moments of the union of both sets (Chan's update: no catastrophic cancellation of sums of squares)."""
-        if self.count == 0:
-            return other
-        if other.count == 0:
-            return self
-        count = self.count + other.count
-        delta = other.mean - self.mean
-        mean = self.mean + delta * other.count / count
-        m2 = self.m2 + other.m2 + delta * delta * self.count * other.count / count
-        return AdvantageMoments(count, mean, m2)
-
-
-def advantage_moments(advantages: torch.Tensor) -> AdvantageMoments:
-    """Float64 moments of one block of advantages (any shape), to merge with :meth:`AdvantageMoments.merge`."""
-    a = advantages.detach().to(torch.float64)
-    count = a.numel()
-    if count == 0:
-        return AdvantageMoments(0, 0.0, 0.0)
-    mean = a.mean()
-    # Two-pass within the block: m2 from deviations, accurate even when |mean| >> std.
-    m2 = torch.sum((a - mean) ** 2)
-    return AdvantageMoments(count, float(mean), float(m2))
-
-
 def normalize_with(advantages: torch.Tensor, mean: float, std: float) -> torch.Tensor:
-    """``(A - mean) / (std + 1e-8)`` with global statistics (e.g. from merged :class:`AdvantageMoments`).
+    """``(A - mean) / (std + 1e-8)`` with global statistics (e.g. from :class:`rolloutcli.core.stats.EnvMoments`).
 
     ``mean`` and ``std`` are rounded to float32 first and the expression is RSL-RL's, so with float32
     statistics equal to RSL-RL's the result is identical to :func:`normalize_advantages`.

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rolloutcli.core.gae import bootstrap_time_outs, compute_gae
+from rolloutcli.core.gae import bootstrap_time_outs, compute_gae, normalize_with
 from rolloutcli.core.stats import EnvMoments, Moments
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_USAGE, RolloutError, problem_line
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
@@ -28,7 +28,6 @@ from rolloutcli.hdf5.writer import copy_file_bytes, create_empty, open_for_updat
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import NoProgress, Progress
 
-NORMALIZE_EPS = 1e-8  # RSL-RL: (A - A.mean()) / (A.std() + 1e-8)
 WRITTEN = ("advantages", "returns")
 
 
@@ -213,12 +212,10 @@ def _write(
         raw_mean = raw_std = None
         if options.normalize:
             raw_mean, raw_std = moments.mean_std()
-            mean = torch.tensor(raw_mean, dtype=torch.float32, device=run.device)
-            denominator = torch.tensor(raw_std, dtype=torch.float32, device=run.device) + NORMALIZE_EPS
             for start, stop in blocks:
                 raw = kept if single else torch.from_numpy(datasets["advantages"][:, start:stop]).to(run.device)
                 assert raw is not None
-                normalized = (raw - mean) / denominator
+                normalized = normalize_with(raw, raw_mean, raw_std)
                 write_env_block(datasets["advantages"], 1, start, stop, normalized)
                 advantage_moments = advantage_moments.merge(Moments.of(normalized))
                 if not single:
