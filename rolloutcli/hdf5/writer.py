@@ -7,9 +7,10 @@ chunks without decoding them.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +114,32 @@ def copy_datasets(source: h5py.File, target: h5py.File, names: Iterable[str]) ->
         source.copy(source[name], target[parent] if parent else target, name=name.rsplit("/", 1)[-1])
 
 
-def copy_file_bytes(source: Path, target: Path) -> None:
-    """Copy a whole file's bytes with the kernel's copy (``shutil.copyfile`` uses ``sendfile`` on Linux)."""
-    shutil.copyfile(source, target)
+COPY_STEP = 256 << 20  # bytes per kernel copy call: progress every 256 MiB
+
+
+def copy_file_bytes(source: Path, target: Path, advance: Callable[[int], None] | None = None) -> None:
+    """Copy a whole file's bytes in the kernel (``os.copy_file_range``: no user-space copy, reflinks where the
+    filesystem can), ``COPY_STEP`` bytes at a time, calling ``advance(bytes)`` after each step.
+    Falls back to ``shutil.copyfile`` where ``copy_file_range`` is missing or refused (other filesystems)."""
+    size = os.path.getsize(source)
+    with open(source, "rb") as src, open(target, "wb") as dst:
+        copied = 0
+        try:
+            while copied < size:
+                done = os.copy_file_range(src.fileno(), dst.fileno(), min(COPY_STEP, size - copied))
+                if done == 0:
+                    break
+                copied += done
+                if advance is not None:
+                    advance(done)
+        except (AttributeError, OSError) as exc:
+            if copied or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EFBIG, errno.EIO):
+                raise
+            copied = -1
+    if copied != size:
+        shutil.copyfile(source, target)
+        if advance is not None:
+            advance(size)
 
 
 def copy_root_attrs(source: h5py.File, target: h5py.File) -> None:

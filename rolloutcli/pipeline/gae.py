@@ -161,9 +161,8 @@ def _write(
     touched = set(WRITTEN) | ({"rewards"} if bootstrap else set())
     # Everything GAE does not touch is carried over by copying the file's bytes (kernel copy, as fast as
     # cp, nothing decoded); the copy is then opened r+ and the written datasets are replaced.
-    progress.start("copy", 1)
-    copy_file_bytes(reader.path, tmp)
-    progress.advance()
+    progress.start("copy", max(1, reader.path.stat().st_size))
+    copy_file_bytes(reader.path, tmp, progress.advance)
     with open_for_update(tmp) as out:
         if bootstrap:
             if "rewards_raw" in out:
