@@ -351,10 +351,6 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def entry() -> None:
-    sys.exit(main())
-
-
 from rolloutcli.cli_batch import batch  # noqa: E402 - registered after the shared options exist
 
 app.command()(batch)
