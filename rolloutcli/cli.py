@@ -35,6 +35,14 @@ stderr = Console(stderr=True, highlight=False)
 
 # Options every command shares.
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cpu, cuda or cuda:<i>.")]
+GaeDeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        help="auto (= cpu: GAE on a file runs at memory speed there, a GPU would add two PCIe copies), cpu, "
+        "cuda or cuda:<i>.",
+    ),
+]
 MemoryOpt = Annotated[str, typer.Option("--max-memory", help="Block budget for streaming, e.g. 64K, 256M, 2G.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
@@ -125,10 +133,10 @@ def root(
     """
 
 
-def _options(device: str, max_memory: str, allow_external: bool) -> Any:
+def _options(device: str, max_memory: str, allow_external: bool, auto: str | None = None) -> Any:
     from rolloutcli.pipeline.options import RunOptions
 
-    return RunOptions.from_cli(device, max_memory, allow_external)
+    return RunOptions.from_cli(device, max_memory, allow_external, auto=auto)
 
 
 @app.command()
@@ -181,7 +189,7 @@ def gae(
     in_place: Annotated[bool, typer.Option("--in-place", help="Add the results to FILE itself (atomically).")] = False,
     overwrite: OverwriteOpt = False,
     json_output: JsonOpt = False,
-    device: DeviceOpt = "auto",
+    device: GaeDeviceOpt = "auto",
     max_memory: MemoryOpt = "1G",
     allow_external: ExternalOpt = False,
     debug: DebugOpt = False,
@@ -198,7 +206,7 @@ def gae(
         file,
         output,
         options,
-        _options(device, max_memory, allow_external),
+        _options(device, max_memory, allow_external, auto="cpu"),
         overwrite=overwrite,
         in_place=in_place,
         progress=RichProgress(quiet),
@@ -281,9 +289,10 @@ class _GuardedStdout:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app and map every outcome to an exit code.
 
-    Called without ``argv`` (the console script, ``python -m rolloutcli``) it owns the process: a failure
-    then ends with ``os._exit`` after cleaning up, because h5py can crash the interpreter at exit after a
-    failed write (disk full). Called with ``argv`` (tests, embedding) it only returns the code.
+    Called without ``argv`` (the console script, ``python -m rolloutcli``) it owns the process and ends it
+    with ``os._exit`` after cleaning up and flushing: h5py can crash the interpreter at exit after a failed
+    write (disk full), and after a success the shutdown would only spend time freeing memory. Called with
+    ``argv`` (tests, embedding) it only returns the code.
     """
     own_process = argv is None
     args = list(sys.argv[1:] if argv is None else argv)
@@ -336,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         remove_live_temporaries()
         signal.signal(signal.SIGINT, previous_sigint)
         signal.signal(signal.SIGTERM, previous_sigterm)
-    if own_process and code != 0:
+    if own_process:
+        # Success too: every output is published (fsynced, renamed) and closed by now, and the interpreter's
+        # shutdown only frees memory (with numba and LLVM loaded: ~0.15 s, measured on `gae`).
         _exit_now(code)
     return code
 

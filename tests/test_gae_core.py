@@ -16,7 +16,7 @@ from rsl_rl.algorithms.ppo import PPO
 from rsl_rl.storage import RolloutStorage
 from tensordict import TensorDict
 
-from rolloutcli.core import gae
+from rolloutcli.core import gae_kernels
 from rolloutcli.core.gae import (
     bootstrap_time_outs,
     compute_gae,
@@ -354,7 +354,7 @@ def test_bad_arguments():
 
 def small_chunks(min_chunk=3):
     """Make the numba backend cut even small rollouts into time chunks and run them on threads."""
-    return mock.patch.multiple(gae, _MIN_CHUNK=min_chunk, _PARALLEL_MIN_ELEMENTS=0)
+    return mock.patch.multiple(gae_kernels, _MIN_CHUNK=min_chunk, _PARALLEL_MIN_ELEMENTS=0)
 
 
 @pytest.mark.parametrize(
@@ -373,7 +373,7 @@ def test_chunked_numba_matches_naive(steps, envs, gamma, lam, done_rate, threads
     ref_adv, ref_ret = naive_gae(r, v, d, lv, gamma, lam, to)
     with small_chunks(min_chunk=50):
         adv, ret = compute_gae(r, v, d, lv, gamma=gamma, lam=lam, time_outs=to, backend="numba", num_threads=threads)
-        _, n_chunks, _, _ = gae._plan(steps, envs, threads)
+        _, n_chunks, _, _ = gae_kernels._plan(steps, envs, threads)
     if envs == 1 or threads > len(range(0, envs, 16)):
         assert n_chunks > 1  # the chunked path really ran
     scale = magnitude(ref_adv, ref_ret)

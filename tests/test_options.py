@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import SAMPLE
 
 from rolloutcli import RolloutError
-from rolloutcli.pipeline.options import parse_size, resolve_device
+from rolloutcli.pipeline.options import RunOptions, parse_size, resolve_device
 
 
 @pytest.mark.parametrize(
@@ -34,10 +37,41 @@ def test_parse_size_rejects(text: str) -> None:
 
 
 def test_resolve_device() -> None:
-    assert resolve_device("cpu") == torch.device("cpu")
-    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert RunOptions.from_cli("auto", auto="cpu").device == "cpu"  # what `gae` asks for
     with pytest.raises(RolloutError, match="expected auto, cpu, cuda or cuda:<index>, found 'tpu'"):
         resolve_device("tpu")
+
+
+def test_auto_without_gpu_device_nodes_never_imports_torch() -> None:
+    # A fresh interpreter: no GPU device node (this machine) or CUDA_VISIBLE_DEVICES=-1 resolves auto to the
+    # CPU without loading torch; the same for an explicit cpu.
+    code = (
+        "import sys; from rolloutcli.pipeline.options import resolve_device; "
+        "import rolloutcli.pipeline.options as o; o._GPU_NODES = ('/nonexistent/nvidiactl',); "
+        "assert resolve_device('auto') == 'cpu' and resolve_device('cpu') == 'cpu'; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    code = (
+        "import os, sys; os.environ['CUDA_VISIBLE_DEVICES'] = '-1'; "
+        "from rolloutcli.pipeline.options import resolve_device; "
+        "import rolloutcli.pipeline.options as o; o._GPU_NODES = ('/',); "  # a node that exists
+        "assert resolve_device('auto') == 'cpu' and 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_auto_with_a_gpu_node_asks_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rolloutcli.pipeline.options as options
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(options, "_GPU_NODES", ("/",))  # exists: torch decides
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")

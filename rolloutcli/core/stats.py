@@ -1,5 +1,7 @@
 """The numbers ``inspect`` shows, computed blockwise and merged, as plain data.
 
+``Moments`` and ``EnvMoments`` live in :mod:`rolloutcli.core.moments` (numpy only) and are re-exported here.
+
 Every accumulator here can be built from one env block and merged with another (``merge``), so a file
 larger than memory is summarised block by block with the same result as a single pass.
 """
@@ -11,74 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rolloutcli.core.moments import EnvMoments, Moments
 
-@dataclass
-class Moments:
-    """Streaming count/mean/M2/min/max of the finite values, plus the count of non-finite ones.
-
-    Merged with Chan et al.'s parallel update: ``delta = mean_b - mean_a``,
-    ``mean = mean_a + delta * n_b / n``, ``M2 = M2_a + M2_b + delta^2 * n_a * n_b / n`` (float64).
-    """
-
-    count: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-    minimum: float = math.inf
-    maximum: float = -math.inf
-    nonfinite: int = 0
-
-    @classmethod
-    def of(cls, values: torch.Tensor) -> Moments:
-        """Moments of one block (any shape)."""
-        flat = values.reshape(-1).to(torch.float64)
-        finite = torch.isfinite(flat)
-        kept = flat[finite]
-        count = int(kept.numel())
-        if count == 0:
-            return cls(nonfinite=int(flat.numel()))
-        mean = float(kept.mean())
-        return cls(
-            count,
-            mean,
-            float(((kept - mean) ** 2).sum()),
-            float(kept.min()),
-            float(kept.max()),
-            int(flat.numel()) - count,
-        )
-
-    def merge(self, other: Moments) -> Moments:
-        if other.count == 0:
-            return Moments(self.count, self.mean, self.m2, self.minimum, self.maximum, self.nonfinite + other.nonfinite)
-        if self.count == 0:
-            return Moments(
-                other.count, other.mean, other.m2, other.minimum, other.maximum, self.nonfinite + other.nonfinite
-            )
-        count = self.count + other.count
-        delta = other.mean - self.mean
-        return Moments(
-            count,
-            self.mean + delta * other.count / count,
-            self.m2 + other.m2 + delta * delta * self.count * other.count / count,
-            min(self.minimum, other.minimum),
-            max(self.maximum, other.maximum),
-            self.nonfinite + other.nonfinite,
-        )
-
-    @property
-    def std(self) -> float:
-        """Unbiased standard deviation (as torch's ``std``)."""
-        return math.sqrt(self.m2 / (self.count - 1)) if self.count > 1 else 0.0
-
-    def as_dict(self) -> dict[str, float | int | None]:
-        empty = self.count == 0
-        return {
-            "count": self.count,
-            "mean": None if empty else self.mean,
-            "std": None if empty else self.std,
-            "min": None if empty else self.minimum,
-            "max": None if empty else self.maximum,
-            "nonfinite": self.nonfinite,
-        }
+__all__ = ["EnvMoments", "EpisodeStats", "Moments"]
 
 
 @dataclass
@@ -183,40 +120,3 @@ class EpisodeStats:
             stop = min(start + width - 1, hi)
             result.append({"from": start, "to": stop, "count": int(counts[start : stop + 1].sum())})
         return result
-
-
-@dataclass
-class EnvMoments:
-    """Per-env ``count``, ``sum`` and centred ``m2`` (float64, ``[N]``), gathered block by block.
-
-    Each env's numbers depend only on that env's column, and the totals are combined with ``math.fsum``
-    (exactly rounded), so the global mean/std are bit-identical whatever the env-block partition.
-    """
-
-    counts: list[torch.Tensor] = field(default_factory=list)
-    sums: list[torch.Tensor] = field(default_factory=list)
-    m2s: list[torch.Tensor] = field(default_factory=list)
-
-    def add(self, values: torch.Tensor) -> None:
-        """Add the envs of one block, ``values`` ``[T, n]`` (float)."""
-        column = values.to(torch.float64)
-        T = column.shape[0]
-        sums = column.sum(dim=0)
-        means = sums / T
-        self.counts.append(torch.full_like(sums, T))
-        self.sums.append(sums.cpu())
-        self.m2s.append(((column - means) ** 2).sum(dim=0).cpu())
-
-    def mean_std(self) -> tuple[float, float]:
-        """Global mean and unbiased std (``torch.std`` semantics: ``sqrt(M2 / (n - 1))``)."""
-        counts = torch.cat(self.counts).cpu().double()
-        sums = torch.cat(self.sums)
-        m2s = torch.cat(self.m2s)
-        total = math.fsum(counts.tolist())
-        mean = math.fsum(sums.tolist()) / total
-        env_means = sums / counts
-        spread = (counts * (env_means - mean) ** 2).tolist()
-        m2 = math.fsum(m2s.tolist()) + math.fsum(spread)
-        # one element: torch.std would give NaN (and RSL-RL NaN advantages); 0 normalises it to 0 instead
-        std = math.sqrt(m2 / (total - 1)) if total > 1 else 0.0
-        return mean, std

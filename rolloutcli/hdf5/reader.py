@@ -10,16 +10,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
-import torch
 
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
+from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY
 from rolloutcli.hdf5.safety import HDF5_ERRORS, SafetyOptions, open_hdf5, translate_hdf5_error
 from rolloutcli.hdf5.schema import FLAG_FIELDS, FLOAT_COMPUTE_FIELDS, SCALAR_FIELDS, RolloutSchema, describe
 
-DEFAULT_MAX_MEMORY = 1 << 30  # 1 GiB block budget
+if TYPE_CHECKING:  # torch is imported only by the tensor readers, so that `gae` on the CPU never loads it
+    import torch
 
 
 def env_blocks(num_envs: int, bytes_per_env: int, budget: int) -> list[tuple[int, int]]:
@@ -104,10 +106,8 @@ class RolloutReader:
             data = data.astype(data.dtype.newbyteorder("="))
         return data
 
-    def tensor(
-        self, name: str, start: int = 0, stop: int | None = None, device: torch.device | str = "cpu"
-    ) -> torch.Tensor:
-        """Normalised tensor of a field's env slice (see the class docstring)."""
+    def array(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Normalised C-contiguous numpy array of a field's env slice (the dtypes and shapes of ``tensor``)."""
         spec = self.schema.fields[name]
         data = self.read(name, start, stop)
         role = spec.role
@@ -119,7 +119,18 @@ class RolloutReader:
             data = (data != 0).astype(np.uint8)
         elif role in FLOAT_COMPUTE_FIELDS or role in ("advantages", "returns"):
             data = data.astype(np.float32, copy=False)  # float16 inputs upcast; GAE never runs in float16
-        return torch.from_numpy(np.ascontiguousarray(data)).to(device)
+        return np.ascontiguousarray(data)
+
+    def arrays(self, names: Iterable[str], start: int = 0, stop: int | None = None) -> dict[str, np.ndarray]:
+        return {name: self.array(name, start, stop) for name in names}
+
+    def tensor(
+        self, name: str, start: int = 0, stop: int | None = None, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
+        """Normalised tensor of a field's env slice (see the class docstring)."""
+        import torch
+
+        return torch.from_numpy(self.array(name, start, stop)).to(device)
 
     def tensors(
         self, names: Iterable[str], start: int = 0, stop: int | None = None, device: torch.device | str = "cpu"

@@ -16,17 +16,18 @@ import os
 import re
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
 
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_UNSAFE, RolloutError
+from rolloutcli.hdf5.limits import (
+    SafetyOptions,
+    check_regular_file,
+)
 
 # gzip 1, shuffle 2, fletcher32 3, scaleoffset 6, lzf 32000: built into h5py, no plugin search.
 ALLOWED_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 6: "scaleoffset", 32000: "lzf"}
-DEFAULT_MAX_DATASET_BYTES = 1 << 40  # 1 TiB declared: larger is a hostile or corrupt header
-DEFAULT_MAX_CHUNK_BYTES = 256 << 20  # a chunk is decompressed whole: over 256 MiB is absurd for a rollout
 FLETCHER32_BYTES = 4  # a fletcher32 chunk shorter than its checksum crashes libhdf5 when read
 
 # Operating-system faults (as opposed to corrupt content) that h5py reports with an errno.
@@ -56,21 +57,6 @@ _WRITE_FIXES = {
 
 # HDF5 raises many exception types for corrupt or hostile files.
 HDF5_ERRORS = (OSError, KeyError, RuntimeError, TypeError, ValueError, SystemError, IndexError, AttributeError)
-
-
-@dataclass(frozen=True)
-class SafetyOptions:
-    """What the audit allows.
-
-    Attributes:
-        allow_external: follow soft/external links, external raw storage and virtual datasets.
-        max_dataset_bytes: largest declared (uncompressed) size of one dataset.
-        max_chunk_bytes: largest uncompressed chunk.
-    """
-
-    allow_external: bool = False
-    max_dataset_bytes: int = DEFAULT_MAX_DATASET_BYTES
-    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
 
 
 # Exceptions of failed writes, kept alive on purpose: their tracebacks hold the h5py objects of the output,
@@ -155,24 +141,6 @@ def translate_hdf5_error(path: Path | str, exc: BaseException, field: str | None
         f"{where}: data unreadable, file corrupt ({first}). Re-export the file from its source.",
         exit_code=EXIT_BAD_DATA,
     )
-
-
-def check_regular_file(path: Path) -> None:
-    """Require an existing regular file (a FIFO or device as input would hang or flood)."""
-    try:
-        info = os.stat(path)
-    except FileNotFoundError as exc:
-        raise RolloutError(f"{path}: no such file. Check the path.", exit_code=EXIT_IO) from exc
-    except OSError as exc:
-        raise RolloutError(f"{path}: cannot stat the file: {exc.strerror}.", exit_code=EXIT_IO) from exc
-    if stat.S_ISDIR(info.st_mode):
-        raise RolloutError(f"{path}: is a folder, expected an HDF5 file.", exit_code=EXIT_IO)
-    if not stat.S_ISREG(info.st_mode):
-        raise RolloutError(
-            f"{path}: not a regular file (a FIFO, socket or device); refusing to read it. "
-            "Copy the data into a regular .h5 file.",
-            exit_code=EXIT_UNSAFE,
-        )
 
 
 def _filter_ids(dataset: h5py.Dataset) -> list[int]:

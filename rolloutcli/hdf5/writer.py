@@ -7,25 +7,24 @@ chunks without decoding them.
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
-import torch
 
 from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION
+
+if TYPE_CHECKING:  # tensors are recognised by duck typing: `gae` on the CPU never imports torch
+    import torch
 
 
 def to_numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
     """A host numpy view/copy of a tensor (one device-to-host transfer)."""
-    if isinstance(value, torch.Tensor):
+    if hasattr(value, "detach"):  # a torch.Tensor
         value = value.detach()
-        if value.dtype == torch.bfloat16:
+        if str(value.dtype) == "torch.bfloat16":  # numpy has no bfloat16
             value = value.float()
         return value.cpu().numpy()
     return np.asarray(value)
@@ -112,34 +111,6 @@ def copy_datasets(source: h5py.File, target: h5py.File, names: Iterable[str]) ->
         if parent:
             target.require_group(parent)
         source.copy(source[name], target[parent] if parent else target, name=name.rsplit("/", 1)[-1])
-
-
-COPY_STEP = 256 << 20  # bytes per kernel copy call: progress every 256 MiB
-
-
-def copy_file_bytes(source: Path, target: Path, advance: Callable[[int], None] | None = None) -> None:
-    """Copy a whole file's bytes in the kernel (``os.copy_file_range``: no user-space copy, reflinks where the
-    filesystem can), ``COPY_STEP`` bytes at a time, calling ``advance(bytes)`` after each step.
-    Falls back to ``shutil.copyfile`` where ``copy_file_range`` is missing or refused (other filesystems)."""
-    size = os.path.getsize(source)
-    with open(source, "rb") as src, open(target, "wb") as dst:
-        copied = 0
-        try:
-            while copied < size:
-                done = os.copy_file_range(src.fileno(), dst.fileno(), min(COPY_STEP, size - copied))
-                if done == 0:
-                    break
-                copied += done
-                if advance is not None:
-                    advance(done)
-        except (AttributeError, OSError) as exc:
-            if copied or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EFBIG, errno.EIO):
-                raise
-            copied = -1
-    if copied != size:
-        shutil.copyfile(source, target)
-        if advance is not None:
-            advance(size)
 
 
 def copy_root_attrs(source: h5py.File, target: h5py.File) -> None:

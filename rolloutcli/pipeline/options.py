@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
-import torch
-
 from rolloutcli.errors import EXIT_USAGE, RolloutError
-from rolloutcli.hdf5.reader import DEFAULT_MAX_MEMORY
-from rolloutcli.hdf5.safety import SafetyOptions
+from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, SafetyOptions
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -28,27 +26,46 @@ def parse_size(text: str) -> int:
     return size
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ``cpu``; ``cuda`` / ``cuda:i`` (must exist)."""
+# Device nodes a CUDA (or ROCm) GPU needs. Where none exists torch.cuda.is_available() is False for certain, so
+# `--device auto` resolves to the CPU without importing torch (about a second of the `gae` command's time).
+_GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+
+
+def _gpu_may_exist() -> bool:
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return any(os.path.exists(node) for node in _GPU_NODES)
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` -> ``"cuda"`` when available, else ``"cpu"``; ``cpu``; ``cuda`` / ``cuda:i`` (must exist).
+
+    Returns the device as a string, which every torch function accepts; torch is imported only when a GPU
+    may be present or one is asked for.
+    """
     name = name.strip().lower()
+    if name == "cpu" or (name == "auto" and not _gpu_may_exist()):
+        return "cpu"
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cpu":
-        return torch.device("cpu")
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
     if re.fullmatch(r"cuda(:\d+)?", name):
+        import torch
+
         if not torch.cuda.is_available():
             raise RolloutError(
                 f"--device: expected an available CUDA device, found '{name}' but no CUDA GPU "
                 "is visible. Use --device cpu or --device auto.",
                 exit_code=EXIT_USAGE,
             )
-        device = torch.device(name)
-        if device.index is not None and device.index >= torch.cuda.device_count():
+        index = int(name.split(":")[1]) if ":" in name else None
+        if index is not None and index >= torch.cuda.device_count():
             raise RolloutError(
                 f"--device: expected cuda:0..cuda:{torch.cuda.device_count() - 1}, found '{name}'.",
                 exit_code=EXIT_USAGE,
             )
-        return device
+        return name
     raise RolloutError(f"--device: expected auto, cpu, cuda or cuda:<index>, found '{name}'.", exit_code=EXIT_USAGE)
 
 
@@ -56,10 +73,14 @@ def resolve_device(name: str) -> torch.device:
 class RunOptions:
     """Resolved global options."""
 
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    device: str = "cpu"
     max_memory: int = DEFAULT_MAX_MEMORY
     safety: SafetyOptions = field(default_factory=SafetyOptions)
 
     @classmethod
-    def from_cli(cls, device: str = "auto", max_memory: str = "1G", allow_external: bool = False) -> RunOptions:
-        return cls(resolve_device(device), parse_size(max_memory), SafetyOptions(allow_external=allow_external))
+    def from_cli(
+        cls, device: str = "auto", max_memory: str = "1G", allow_external: bool = False, *, auto: str | None = None
+    ) -> RunOptions:
+        """``auto`` (if given) is what ``--device auto`` means for this command (``gae`` runs on the CPU)."""
+        name = auto if auto is not None and device.strip().lower() == "auto" else device
+        return cls(resolve_device(name), parse_size(max_memory), SafetyOptions(allow_external=allow_external))

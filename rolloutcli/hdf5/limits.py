@@ -1,0 +1,49 @@
+"""Limits and checks that need neither h5py nor numpy: the memory budget, what the audit allows, and the
+regular-file check. Kept apart so that a command can check its paths and start copying before the heavy
+imports (``gae`` overlaps its kernel file copy with them)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, RolloutError
+
+DEFAULT_MAX_MEMORY = 1 << 30  # 1 GiB block budget
+DEFAULT_MAX_DATASET_BYTES = 1 << 40  # 1 TiB declared: larger is a hostile or corrupt header
+DEFAULT_MAX_CHUNK_BYTES = 256 << 20  # a chunk is decompressed whole: over 256 MiB is absurd for a rollout
+
+
+@dataclass(frozen=True)
+class SafetyOptions:
+    """What the audit allows.
+
+    Attributes:
+        allow_external: follow soft/external links, external raw storage and virtual datasets.
+        max_dataset_bytes: largest declared (uncompressed) size of one dataset.
+        max_chunk_bytes: largest uncompressed chunk.
+    """
+
+    allow_external: bool = False
+    max_dataset_bytes: int = DEFAULT_MAX_DATASET_BYTES
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
+
+
+def check_regular_file(path: Path) -> None:
+    """Require an existing regular file (a FIFO or device as input would hang or flood)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError as exc:
+        raise RolloutError(f"{path}: no such file. Check the path.", exit_code=EXIT_IO) from exc
+    except OSError as exc:
+        raise RolloutError(f"{path}: cannot stat the file: {exc.strerror}.", exit_code=EXIT_IO) from exc
+    if stat.S_ISDIR(info.st_mode):
+        raise RolloutError(f"{path}: is a folder, expected an HDF5 file.", exit_code=EXIT_IO)
+    if not stat.S_ISREG(info.st_mode):
+        raise RolloutError(
+            f"{path}: not a regular file (a FIFO, socket or device); refusing to read it. "
+            "Copy the data into a regular .h5 file.",
+            exit_code=EXIT_UNSAFE,
+        )
