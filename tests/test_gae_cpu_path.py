@@ -4,10 +4,12 @@ never imports torch, and the background file copy is exact, reports progress and
 from __future__ import annotations
 
 import errno
+import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from unittest import mock
 
 import h5py
 import numpy as np
@@ -15,8 +17,10 @@ import pytest
 import torch
 from rollout_factory import rollout_arrays, write_rollout
 
+from rolloutcli.core import gae_kernels
 from rolloutcli.core.gae import bootstrap_time_outs, compute_gae, normalize_with
 from rolloutcli.core.gae_kernels import bootstrap_time_outs_array, cpu_threads, gae_into, normalize_array
+from rolloutcli.core.gae_numpy import native_gae
 from rolloutcli.core.moments import EnvMoments, Moments
 from rolloutcli.hdf5 import filecopy
 from rolloutcli.hdf5.filecopy import BackgroundCopy, copy_file_bytes
@@ -69,6 +73,85 @@ def test_gae_into_equals_compute_gae_bits(T: int, N: int) -> None:
     assert np.array_equal(_bits(adv), _bits(ref_adv)) and np.array_equal(_bits(ret), _bits(ref_ret))
 
 
+NATIVE = native_gae()
+needs_native = pytest.mark.skipif(NATIVE is None, reason="the C kernel was not compiled in this install")
+
+
+def _rollout(T: int, N: int, seed: int) -> tuple[np.ndarray, ...]:
+    arrays = rollout_arrays(T=T, N=N, end_rate=0.1, seed=seed)
+    r = arrays["rewards"].reshape(T, N).astype(np.float32)
+    v = arrays["values"].reshape(T, N).astype(np.float32)
+    d = arrays["dones"].reshape(T, N).astype(np.uint8)
+    to = arrays["time_outs"].reshape(T, N).astype(np.uint8)
+    lv = arrays["last_values"].reshape(N).astype(np.float32)
+    return r, v, d, to, lv
+
+
+def _rsl_rl_loop(r, v, d, to, lv, gamma, lam):
+    """RSL-RL's process_env_step bootstrap + compute_returns, step by step in torch float32."""
+    rewards, values = torch.from_numpy(r).clone(), torch.from_numpy(v)
+    if to is not None:
+        rewards += gamma * values * torch.from_numpy(to).float()
+    dones, last = torch.from_numpy(d), torch.from_numpy(lv)
+    advantage = torch.zeros_like(last)
+    returns = torch.zeros_like(values)
+    for step in reversed(range(r.shape[0])):
+        next_values = last if step == r.shape[0] - 1 else values[step + 1]
+        not_terminal = 1.0 - dones[step].float()
+        delta = rewards[step] + not_terminal * gamma * next_values - values[step]
+        advantage = delta + not_terminal * gamma * lam * advantage
+        returns[step] = advantage + values[step]
+    return returns
+
+
+@needs_native
+@pytest.mark.parametrize(("T", "N"), [(1, 1), (1, 5), (300, 1), (57, 40), (3000, 2), (8, 1000)])
+@pytest.mark.parametrize("with_time_outs", [True, False])
+def test_native_kernel_returns_are_rsl_rl_bits(T: int, N: int, with_time_outs: bool) -> None:
+    r, v, d, to, lv = _rollout(T, N, seed=T * N)
+    to = to if with_time_outs else None
+    adv, ret = np.empty((T, N), np.float32), np.empty((T, N), np.float32)
+    NATIVE(r, v, d, to, lv, 0.99, 0.95, adv, ret)
+    assert np.array_equal(_bits(ret), _bits(_rsl_rl_loop(r, v, d, to, lv, 0.99, 0.95)))
+    assert np.array_equal(_bits(ret), _bits(adv + v))  # returns = A + V, in float32
+    # The numba kernel unchunked (one thread, no time chunks) computes the same operations in the same order.
+    nb_adv, nb_ret = np.empty_like(adv), np.empty_like(ret)
+    with mock.patch.multiple(gae_kernels, _MIN_CHUNK=1 << 30):
+        gae_into(r, v, d, lv, to, 0.99, 0.95, 1, nb_adv, nb_ret)
+    assert np.array_equal(_bits(adv), _bits(nb_adv)) and np.array_equal(_bits(ret), _bits(nb_ret))
+
+
+def test_ci_builds_the_c_kernel() -> None:
+    # .ci/run sets this: there the kernel must have been compiled, so the tests above really ran.
+    if os.environ.get("ROLLOUTCLI_REQUIRE_NATIVE") == "1":
+        assert NATIVE is not None, "the C kernel (rolloutcli/core/_gae_c.c) was not compiled by the install"
+
+
+@needs_native
+def test_native_kernel_refuses_what_it_would_misread() -> None:
+    r, v, d, to, lv = _rollout(10, 4, seed=1)
+    adv, ret = np.empty((10, 4), np.float32), np.empty((10, 4), np.float32)
+    with pytest.raises(ValueError, match=r"values: expected a C-contiguous float32 array of shape \[10, 4\]"):
+        NATIVE(r, v.astype(np.float64), d, to, lv, 0.99, 0.95, adv, ret)
+    with pytest.raises(ValueError, match=r"last_values: expected a C-contiguous float32 array of shape \[4\]"):
+        NATIVE(r, v, d, to, lv[:3], 0.99, 0.95, adv, ret)
+    with pytest.raises(ValueError, match="dones: expected a C-contiguous uint8"):
+        NATIVE(r, v, np.asfortranarray(d), to, lv, 0.99, 0.95, adv, ret)
+
+
+def test_without_the_c_kernel_the_command_falls_back_to_numba(tmp_path: Path, monkeypatch) -> None:
+    import rolloutcli.core.gae_numpy as gae_numpy
+
+    arrays = rollout_arrays(T=30, N=5, end_rate=0.1, seed=9)
+    source = write_rollout(tmp_path / "in.h5", arrays)
+    run_gae(source, tmp_path / "native.h5", GaeOptions(), RunOptions())
+    monkeypatch.setattr(gae_numpy, "native_gae", lambda: None)
+    run_gae(source, tmp_path / "numba.h5", GaeOptions(), RunOptions())
+    with h5py.File(tmp_path / "native.h5") as a, h5py.File(tmp_path / "numba.h5") as b:
+        for name in ("advantages", "returns"):
+            assert np.array_equal(a[name][()].view(np.uint32), b[name][()].view(np.uint32)), name
+
+
 def test_moments_take_arrays_and_tensors_alike() -> None:
     a = np.array([[1.0, np.nan], [3.0, np.inf]], np.float32)
     from_array, from_tensor = Moments.of(a), Moments.of(torch.from_numpy(a))
@@ -97,7 +180,7 @@ def test_cpu_path_equals_torch_path_bit_for_bit(tmp_path: Path) -> None:
         assert np.array_equal(outputs["cpu"][name].view(np.uint32), outputs["cpu:0"][name].view(np.uint32)), name
 
 
-def test_gae_command_never_imports_torch(tmp_path: Path) -> None:
+def test_gae_command_imports_neither_torch_nor_numba(tmp_path: Path) -> None:
     source = write_rollout(tmp_path / "in.h5", rollout_arrays(T=20, N=4, end_rate=0.2))
     code = (
         "import sys; from rolloutcli.cli import main; "
@@ -105,6 +188,9 @@ def test_gae_command_never_imports_torch(tmp_path: Path) -> None:
         "assert rc == 0, rc; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
+    # numba is loaded only as the fallback where the C kernel was not compiled
+    code += "; from rolloutcli.core.gae_numpy import native_gae; "
+    code += "assert 'numba' not in sys.modules or native_gae() is None, 'numba was imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out.h5").exists()

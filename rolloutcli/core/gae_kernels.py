@@ -1,9 +1,9 @@
 """GAE's CPU kernels on numpy arrays: numba-compiled loops, and RSL-RL's bootstrap and normalisation in numpy.
 
-This module imports neither torch nor h5py: ``rolloutcli gae`` on the CPU runs on numpy arrays read from the
-file, so the command does not pay torch's import (about a second) before its first byte of work.
-:mod:`rolloutcli.core.gae` (the torch API) calls the same kernels on zero-copy views of CPU tensors, so both
-give the same bits. Shapes: ``[T, N]`` float32 / uint8 arrays, time first, C-contiguous.
+This module imports neither torch nor h5py. :mod:`rolloutcli.core.gae` (the torch API) calls these kernels on
+zero-copy views of CPU tensors; ``rolloutcli gae`` on the CPU uses the compiled C kernel of
+:mod:`rolloutcli.core.gae_numpy` (no numba start-up) and these kernels only where that was not built.
+Shapes: ``[T, N]`` float32 / uint8 arrays, time first, C-contiguous.
 
 The recurrence (RSL-RL ``PPO.compute_returns``), reversed over ``t``, with ``c_t = gamma * lam * (1 - done_t)``::
 
@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numba import njit
+
+from rolloutcli.core.gae_numpy import bootstrap_time_outs_array, cpu_threads, normalize_array
+
+__all__ = ["bootstrap_time_outs_array", "cpu_threads", "gae_into", "normalize_array"]
 
 # Below this many elements waking a second thread costs more than it saves (24 x 4096: 50 us on one thread, 70 on two).
 _PARALLEL_MIN_ELEMENTS = 1 << 18
@@ -338,14 +341,6 @@ def _row_offsets(steps: int, envs: int) -> np.ndarray:
     return np.arange(steps, dtype=np.uint64) * np.uint64(envs)
 
 
-def cpu_threads() -> int:
-    """CPUs this process may run on (its affinity mask), the default thread count of the kernels."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def gae_into(
     r: np.ndarray,
     v: np.ndarray,
@@ -399,26 +394,3 @@ def gae_into(
             (n_chunks - 1) * -(-envs // block),
             n_threads,
         )
-
-
-def bootstrap_time_outs_array(
-    rewards: np.ndarray, values: np.ndarray, time_outs: np.ndarray, gamma: float
-) -> np.ndarray:
-    """RSL-RL's time-out bootstrap ``rewards + gamma * (values * time_outs)`` in float32, as a new array.
-
-    Same float32 operations in the same order as torch's (the Python float ``gamma`` is rounded to float32
-    first, as torch does for a float32 tensor), so the bits equal :func:`rolloutcli.core.gae.bootstrap_time_outs`.
-    """
-    flags = (time_outs != 0).astype(np.float32)
-    with np.errstate(all="ignore"):  # overflow gives inf, as in torch, which says nothing either
-        return rewards.astype(np.float32, copy=False) + np.float32(gamma) * (
-            values.astype(np.float32, copy=False) * flags
-        )
-
-
-def normalize_array(advantages: np.ndarray, mean: float, std: float) -> np.ndarray:
-    """``(A - mean) / (std + 1e-8)`` in float32 with ``mean``/``std`` rounded to float32 first: the bits of
-    :func:`rolloutcli.core.gae.normalize_with` (RSL-RL's expression)."""
-    m, s = np.float32(mean), np.float32(std)
-    with np.errstate(all="ignore"):  # overflow gives inf, as in torch, which says nothing either
-        return (advantages - m) / (s + np.float32(1e-8))

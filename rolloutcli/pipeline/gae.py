@@ -28,6 +28,7 @@ from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.filecopy import BackgroundCopy
 from rolloutcli.hdf5.limits import check_regular_file
+from rolloutcli.hdf5.probe import start_helper
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import NoProgress, Progress
 
@@ -82,6 +83,7 @@ def run_gae(
             "Make it writable (chmod u+w) or write a new file with -o OUT.h5.",
             exit_code=EXIT_IO,
         )
+    start_helper()  # the metadata probe's interpreter starts while the copy does
     with atomic_file(dst, inputs=[src], overwrite=overwrite, replace_input=in_place) as tmp:
         progress.start("copy", max(1, src.stat().st_size))
         with BackgroundCopy(src, tmp) as copy:
