@@ -6,7 +6,9 @@ reference measured in the same run (the host is shared; absolute figures drift u
 1. **export vs h5py**: ``run_batch`` at (T=1000, N=1024, observations 48 float32 + actions 12, distribution
    mean/std 12 each, rewards, dones, values, log-probs, advantages, returns) against writing the same bytes
    (the same datasets, shard by shard, from arrays already in memory) with plain h5py, without and with
-   fsync. The export also reads the source, hashes it and every shard (sha256) and fsyncs each shard.
+   fsync. The export also reads the source, hashes it (xxh3-128) and every shard (sha256) and fsyncs each shard.
+   The ratio that the issue's goal ("at least half the throughput of writing the same bytes with h5py") is
+   judged by is the one against h5py + fsync: the export's shards are fsynced before the folder is published.
 2. **gather**: RSL-RL's ``flat[idx]`` against ``gather_rows`` (``index_select`` into a reused buffer), 1M rows
    x 48 float32, in GB/s of output.
 3. **peak memory**: ``rolloutcli batch`` on a ~2 GB source with ``--max-memory 256M`` (streamed: spilled
@@ -28,6 +30,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import torch
+import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bandwidth import best_time, measure_bandwidth
@@ -120,8 +123,15 @@ def bench_export(tmp: Path, T: int, N: int, num_mini_batches: int) -> None:
     summary = export()
     files = sorted(p for p in out.iterdir() if p.suffix == ".h5")
     shard_shapes = [_shapes(p) for p in files]
-    images = [p.read_bytes() for p in files] + [src.read_bytes()]
-    hashing = best_time(lambda: [hashlib.sha256(b).hexdigest() for b in images], repeats=3)
+    images = [p.read_bytes() for p in files]
+    source_image = src.read_bytes()  # freed with this function's frame
+
+    def hash_all() -> None:
+        for image in images:
+            hashlib.sha256(image).hexdigest()
+        xxhash.xxh3_128(source_image).hexdigest()
+
+    hashing = best_time(hash_all, repeats=3)
     images.clear()
     written = summary["bytes_written"]
     ours = best_time(export, repeats=5)
@@ -134,10 +144,10 @@ def bench_export(tmp: Path, T: int, N: int, num_mini_batches: int) -> None:
         f"export T={T} N={N} M={num_mini_batches}: {gb:.3f} GB in {summary['files']} shards (source {source_gb:.3f} GB)"
     )
     rows = [
-        ("rolloutcli batch (read, sha256 source, gather, write, sha256, fsync)", ours, ""),
+        ("rolloutcli batch (read, xxh3 source, gather, write, sha256, fsync)", ours, ""),
         ("h5py sequential write, same bytes", plain, f"  ratio {plain / ours:.2f}"),
         ("h5py sequential write + fsync, same bytes", synced, f"  ratio {synced / ours:.2f}"),
-        ("sha256 of source + shards alone (one core; part of the export)", hashing, ""),
+        ("sha256 of the shards + xxh3 of the source alone (one core; part of the export)", hashing, ""),
     ]
     for label, seconds, extra in rows:
         print(f"  {label:<68} {seconds * 1e3:7.1f} ms  {gb / seconds:5.2f} GB/s{extra}")

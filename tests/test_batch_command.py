@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+import xxhash
 from rollout_factory import identifiable, write_rollout
 from test_batching import assert_batches, full_arrays, rsl_storage
 
@@ -188,7 +189,7 @@ def test_manifest_content(sources, tmp_path, cli) -> None:
     assert manifest["source"] == {
         "path": os.path.abspath(src),
         "size_bytes": src.stat().st_size,
-        "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
+        "xxh3_128": xxhash.xxh3_128(src.read_bytes()).hexdigest(),
         "T": T,
         "N": N,
     }

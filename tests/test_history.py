@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import xxhash
 from rollout_factory import rollout_arrays, write_rollout
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
@@ -224,7 +225,7 @@ def test_manifest_content(source, tmp_path, cli) -> None:
     assert manifest["source"] == {
         "path": os.path.abspath(src),
         "size_bytes": src.stat().st_size,
-        "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
+        "xxh3_128": xxhash.xxh3_128(src.read_bytes()).hexdigest(),
         "T": T,
         "N": N,
     }

@@ -219,3 +219,26 @@ def test_loading_succeeds_or_raises_rollout_error(
         assert str(error).startswith(str(path))
     else:
         assert storage.rewards.shape[:2] == arrays["rewards"].shape[:2]
+
+
+@pytest.mark.parametrize("variant", ["plain", "mixed"])
+def test_normalized_predicts_what_array_returns(tmp_path: Path, variant: str) -> None:
+    # batch lays out its shards from RolloutReader.normalized (metadata only); it must agree with a real read.
+    arrays = rollout_arrays(T=6, N=4, hidden="lstm", layers=2)
+    if variant == "mixed":
+        arrays["rewards"] = arrays["rewards"].astype(">f8")[..., None]  # big-endian float64 [T, N, 1]
+        arrays["values"] = arrays["values"].astype(np.float16)
+        arrays["dones"] = arrays["dones"].astype(bool)
+        arrays["time_outs"] = arrays["time_outs"].astype(np.int8)[..., None]
+        arrays["observations/policy"] = arrays["observations/policy"].astype(">f2")
+        arrays["actions_log_prob"] = arrays["actions_log_prob"].astype(np.float64)
+        arrays["last_values"] = arrays["last_values"].astype(np.float64)[:, None]
+        arrays["advantages"] = np.ones((6, 4), np.float16)
+    source = write_rollout(tmp_path / "in.h5", arrays)
+    from rolloutcli.hdf5.reader import RolloutReader
+
+    with RolloutReader(source) as reader:
+        for name in reader.schema.fields:
+            for start, stop in ((0, 1), (1, 4), (0, None)):
+                array = reader.array(name, start, stop)
+                assert reader.normalized(name, start, stop) == (array.dtype, array.shape), (name, start, stop)

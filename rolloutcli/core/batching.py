@@ -19,6 +19,7 @@ so they are the same whatever device the data lives on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -297,6 +298,45 @@ def gather_rows(source: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | No
         src, dst = source.reshape(source.shape[0], -1), out.view(rows.numel(), -1)
     torch.index_select(src, 0, rows, out=dst)
     return out
+
+
+# Rows of at most this many bytes are gathered in ascending source order (rolloutcli.core.gather_kernels).
+NARROW_ROW_BYTES = 8
+
+
+def gather_fields(
+    sources: Mapping[str, torch.Tensor], rows: torch.Tensor, outs: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``outs[name][i] = sources[name][rows[i]]`` for every field; byte-identical to :func:`gather_rows` per field.
+
+    ``sources[name]`` ``[R, ...]``; ``outs[name]`` ``[len(rows), ...]`` contiguous, same dtype. ``rows`` must
+    not repeat (a mini-batch's rows). On the CPU, fields of at most ``NARROW_ROW_BYTES`` per row are read in
+    ascending row order and written to their slots (:mod:`rolloutcli.core.gather_kernels`: 20 -> 3 ms per
+    scalar field of a 128k-row shard), sharing one sort of ``rows``; wider fields use ``index_select``.
+    Returns ``outs`` as a dict.
+    """
+    narrow = [
+        name
+        for name, out in outs.items()
+        if out.device.type == "cpu"
+        and sources[name].device.type == "cpu"
+        and 0 < out[0:1].numel() * out.element_size() <= NARROW_ROW_BYTES
+        and out.is_contiguous()
+        and sources[name].is_contiguous()
+        and out.shape[0] > 0
+    ]
+    if narrow:
+        from rolloutcli.core.gather_kernels import gather_sorted
+
+        sorted_rows, slots = torch.sort(rows.to(torch.int64))
+        sorted_np, slots_np = sorted_rows.numpy(), slots.numpy()
+        for name in narrow:
+            source, out = as_rows(sources[name]), as_rows(outs[name])
+            gather_sorted(source.numpy(), sorted_np, slots_np, out.numpy())
+    for name, out in outs.items():
+        if name not in narrow:
+            gather_rows(sources[name], rows, out=out)
+    return dict(outs)
 
 
 def scatter_rows(out: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

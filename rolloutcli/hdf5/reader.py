@@ -121,6 +121,24 @@ class RolloutReader:
             data = data.astype(np.float32, copy=False)  # float16 inputs upcast; GAE never runs in float16
         return np.ascontiguousarray(data)
 
+    def normalized(self, name: str, start: int = 0, stop: int | None = None) -> tuple[np.dtype, tuple[int, ...]]:
+        """The dtype and shape :meth:`array` returns for this env slice, from the metadata alone (no read)."""
+        spec = self.schema.fields[name]
+        shape = list(spec.shape)
+        if spec.env_axis is not None and shape:
+            shape[spec.env_axis] = (self.N if stop is None else stop) - start
+        role = spec.role
+        if role in SCALAR_FIELDS and len(shape) == 3 and shape[2] == 1:
+            shape = shape[:2]
+        if role == "last_values" and len(shape) == 2 and shape[1] == 1:
+            shape = shape[:1]
+        dtype = spec.dtype.newbyteorder("=") if not spec.dtype.isnative else spec.dtype
+        if role in FLAG_FIELDS:
+            dtype = np.dtype(np.uint8)
+        elif role in FLOAT_COMPUTE_FIELDS or role in ("advantages", "returns"):
+            dtype = np.dtype(np.float32)
+        return np.dtype(dtype), tuple(shape)
+
     def arrays(self, names: Iterable[str], start: int = 0, stop: int | None = None) -> dict[str, np.ndarray]:
         return {name: self.array(name, start, stop) for name in names}
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rolloutcli.core.batching import BatchPlan, ShardPlan, gather_rows, plan_batches
+from rolloutcli.core.batching import BatchPlan, ShardPlan, gather_fields, plan_batches
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_line
 from rolloutcli.hdf5.reader import RolloutReader
@@ -141,7 +141,7 @@ def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
 
 
 def _fields(reader: RolloutReader, mode: str) -> list[Field]:
-    """The fields a mode exports, observations first, each with its row dtype and shape (probed on env 0)."""
+    """The fields a mode exports, observations first, each with its row dtype and shape (as read, normalised)."""
     schema = reader.schema
     pairs = [(path, f"observations/{key}") for key, path in schema.observation_keys.items()]
     if mode == "distillation":
@@ -153,10 +153,10 @@ def _fields(reader: RolloutReader, mode: str) -> list[Field]:
             pairs += [(path, path) for net in ("actor", "critic") for path in schema.hidden.get(net, [])]
     out = []
     for source, name in pairs:
-        probe = reader.tensor(source, 0, 1)
+        dtype, shape = reader.normalized(source, 0, 1)  # what reading env 0 would return (metadata only)
         role = schema.fields[source].role
-        row_shape = (probe.shape[1], probe.shape[3]) if role == "hidden" else tuple(probe.shape[2:])
-        out.append(Field(source, name, role, probe.dtype, row_shape))
+        row_shape = (shape[1], shape[3]) if role == "hidden" else tuple(shape[2:])
+        out.append(Field(source, name, role, torch.from_numpy(np.empty(0, dtype)).dtype, row_shape))
     return out
 
 
@@ -227,7 +227,7 @@ def _in_memory(reader: RolloutReader, fields: list[Field], emitter: Emitter) -> 
         for shard, size in enumerate(plan.sizes):
             index = plan.rows_of(shard)
             target = emitter.buffers(size)
-            rows = {name: gather_rows(source[name], index, out=target[name]) for name in source}
+            rows = gather_fields(source, index, target)
             emitter.emit(pass_index, shard, rows)
 
 
@@ -310,7 +310,7 @@ def _manifest(
     plan: BatchPlan,
     fields: list[Field],
     entries: list[dict[str, Any]],
-    source_sha256: str,
+    source_hash: str,
     distribution: list[str],
 ) -> dict[str, Any]:
     order_key = (options.mode, "shuffle" if options.shuffle_envs else options.rsl_parity)
@@ -318,7 +318,7 @@ def _manifest(
         "format": MANIFEST_FORMAT,
         "format_version": FORMAT_VERSION,
         "mode": options.mode,
-        "source": source_record(reader, source_sha256),
+        "source": source_record(reader, source_hash),
         "options": {key: value for key, value in asdict(options).items() if key != "mode"},
         "order": ORDER_TEXT[order_key],
         "gae": gae_attrs(reader.schema.attrs),
@@ -384,9 +384,9 @@ def run_batch(
                     _streamed(reader, fields, emitter, out.tmp, blocks, run.max_memory)
                 else:
                     _in_memory(reader, fields, emitter)
-                sha256 = out.source_sha256()
+                content_hash = out.source_hash()
                 entries = emitter.entries()
-                manifest = _manifest(reader, options, plan, fields, entries, sha256, distribution)
+                manifest = _manifest(reader, options, plan, fields, entries, content_hash, distribution)
                 out.publish(manifest)
         finally:
             progress.finish()

@@ -204,13 +204,13 @@ def _manifest(
     fields: list[Field],
     windows: int,
     entries: list[dict[str, Any]],
-    source_sha256: str,
+    source_hash: str,
 ) -> dict[str, Any]:
     return {
         "format": MANIFEST_FORMAT,
         "format_version": FORMAT_VERSION,
         "mode": "history",
-        "source": source_record(reader, source_sha256),
+        "source": source_record(reader, source_hash),
         "options": {
             "num_mini_batches": options.num_mini_batches,
             "epochs": options.epochs,
@@ -302,9 +302,9 @@ def run_history(
                     _streamed(reader, fields, emitter, mask, out.tmp, blocks, run.max_memory)
                 else:
                     _in_memory(reader, fields, emitter, K)
-                sha256 = out.source_sha256()  # waits for every shard: their hashes are known after it
+                content_hash = out.source_hash()  # waits for every shard: their hashes are known after it
                 entries = emitter.entries()
-                manifest = _manifest(reader, options, groups, fields, windows, entries, sha256)
+                manifest = _manifest(reader, options, groups, fields, windows, entries, content_hash)
                 out.publish(manifest)
         finally:
             progress.finish()

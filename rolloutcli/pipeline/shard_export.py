@@ -4,13 +4,12 @@
 * :class:`Emitter`: lends the reused buffers shards are gathered into, shapes a shard's rows into its
   datasets (a callback per mode) and hands them to the :class:`~rolloutcli.hdf5.shards.ShardWriter` under
   their file names; lists the manifest's shard entries.
-* :class:`ShardExport`: one torch thread, the source's sha256 computed beside the export, the temporary
+* :class:`ShardExport`: one torch thread, the source's content hash computed beside the export, the temporary
   folder published atomically (:func:`~rolloutcli.hdf5.atomic.atomic_folder`), the writer, the manifest last.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import xxhash
 
 from rolloutcli.core.batching import BatchPlan
 from rolloutcli.errors import EXIT_IO, RolloutError
@@ -143,9 +143,17 @@ class Emitter:
         return out
 
 
+SOURCE_HASH = "xxh3_128"  # the manifest's name for the source's content hash
+
+
 def _hash_file(path: Path, result: dict[str, str], stop: threading.Event) -> None:
-    """sha256 of the source, in a thread beside the export (hashlib releases the GIL)."""
-    digest = hashlib.sha256()
+    """The source's content hash (XXH3, 128 bits), in a thread beside the export (xxhash releases the GIL).
+
+    Not sha256: the export is CPU-bound on two cores, and sha256 of the source (2 GB/s with SHA-NI) took
+    ~0.18 s of the ~0.5 s export of a 0.37 GB file; XXH3 hashes at ~33 GB/s here. The hash identifies the file
+    (``xxh128sum FILE`` prints the same digest); shard checksums stay sha256.
+    """
+    digest = xxhash.xxh3_128()
     try:
         with open(path, "rb") as handle:
             while not stop.is_set() and (chunk := handle.read(8 << 20)):
@@ -153,7 +161,7 @@ def _hash_file(path: Path, result: dict[str, str], stop: threading.Event) -> Non
     except OSError as exc:
         result["error"] = exc.strerror or str(exc)
         return
-    result["sha256"] = digest.hexdigest()
+    result[SOURCE_HASH] = digest.hexdigest()
 
 
 class ShardExport:
@@ -202,18 +210,18 @@ class ShardExport:
     def __exit__(self, *exc: Any) -> bool | None:
         return self._stack.__exit__(*exc)
 
-    def source_sha256(self) -> str:
-        """Wait for every shard to be on disk and for the source's hash; return it.
+    def source_hash(self) -> str:
+        """Wait for every shard to be on disk and for the source's content hash; return it.
 
         Raises:
             RolloutError: the source could not be read to hash it (exit 3), or a shard failed to write.
         """
         self.writer.wait_all()
         self._hasher.join()
-        if "sha256" not in self._hash:
+        if SOURCE_HASH not in self._hash:
             reason = self._hash.get("error")
             raise RolloutError(f"{self.src}: cannot read the file to hash it: {reason}.", exit_code=EXIT_IO)
-        return self._hash["sha256"]
+        return self._hash[SOURCE_HASH]
 
     def publish(self, manifest: Mapping[str, Any]) -> None:
         """Write ``manifest.json`` (last: a folder with a manifest is complete)."""
@@ -226,12 +234,12 @@ class ShardExport:
         return sum(size for size, _ in self.writer.results.values())
 
 
-def source_record(reader: RolloutReader, sha256: str) -> dict[str, Any]:
-    """The manifest's ``source``: ``{path, size_bytes, sha256, T, N}`` of the rollout file."""
+def source_record(reader: RolloutReader, content_hash: str) -> dict[str, Any]:
+    """The manifest's ``source``: ``{path, size_bytes, xxh3_128, T, N}`` of the rollout file."""
     return {
         "path": os.path.abspath(reader.path),
         "size_bytes": os.stat(reader.path).st_size,
-        "sha256": sha256,
+        SOURCE_HASH: content_hash,
         "T": reader.T,
         "N": reader.N,
     }
