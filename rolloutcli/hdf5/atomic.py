@@ -174,8 +174,10 @@ def atomic_folder(dst: Path, *, inputs: Sequence[Path] = (), overwrite: bool = F
         yield tmp
         try:
             mode = _mode_for(inputs)
-            for child in tmp.iterdir():
+            children = list(tmp.iterdir())
+            for child in children:  # every chmod first: the first fsync then commits them all at once
                 os.chmod(child, mode)
+            for child in children:
                 with open(child, "rb+") as handle:
                     os.fsync(handle.fileno())
             os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # folders need x where they have r
