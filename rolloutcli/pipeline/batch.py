@@ -188,7 +188,7 @@ def _read_steps(reader: RolloutReader, field: Field, start: int, stop: int) -> t
 def _shard_tensors(
     mode: str, plan: ShardPlan, shard: int, rows: dict[str, torch.Tensor], fields: list[Field], T: int, N: int
 ) -> dict[str, torch.Tensor]:
-    """Shape one shard's gathered rows ``{name: [rows, ...]}`` into the datasets of its file (see docs/batch.md)."""
+    """Shape one shard's gathered rows ``{name: [rows, ...]}`` into its file's datasets (README: the shard folder)."""
     if mode == "feedforward":
         out = {f.name: rows[f.name] for f in fields}
         out["index"] = plan.rows_of(shard)
