@@ -323,7 +323,6 @@ def gather_fields(
         and 0 < out[0:1].numel() * out.element_size() <= NARROW_ROW_BYTES
         and out.is_contiguous()
         and sources[name].is_contiguous()
-        and out.shape[0] > 0
     ]
     if narrow:
         from rolloutcli.core.gather_kernels import gather_sorted

@@ -143,12 +143,13 @@ def _ask(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     global _HELPER
     with _LOCK:
         for _ in range(2):  # a helper that died or got stuck is replaced once
-            if _ensure_helper() is None or _HELPER is None:
+            helper = _ensure_helper()
+            if helper is None:
                 return None
-            answer = _HELPER.ask(request, timeout)
+            answer = helper.ask(request, timeout)
             if answer is not None:
                 return answer
-            _HELPER.close()
+            helper.close()
             _HELPER = None
     return None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from rolloutcli.core.gae_numpy import bootstrap_time_outs_array, native_gae, normalize_array
 from rolloutcli.core.moments import EnvMoments, Moments
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_line
 from rolloutcli.hdf5.filecopy import BackgroundCopy
@@ -99,14 +100,13 @@ def _kernel(device: str) -> Kernel:
     """``kernel(block, gamma, lam) -> (A, returns)``, float32 ``[T, n]`` host arrays, for one env block.
 
     ``block`` holds ``rewards``, ``values``, ``dones``, ``last_values`` and (to bootstrap) ``time_outs`` as
-    :meth:`RolloutReader.array` returns them. The CPU kernel is numba on the arrays themselves; any other device
-    copies the block there and runs the torch scan.
+    :meth:`RolloutReader.array` returns them. On the CPU the compiled C kernel runs on the arrays themselves
+    (numba's where the C file was not compiled); any other device gets a copy of the block and the torch scan.
     """
     if device == "cpu":
-        from rolloutcli.core.gae_numpy import native_gae
-
         native = native_gae()  # the compiled kernel: loads in microseconds
-        if native is None:  # not compiled here: numba's kernel (same results, ~0.28 s to load)
+        if native is None:  # not compiled here: numba's kernel (~0.28 s to load; equal up to float32
+            # rounding where it cuts a long rollout of few envs into time chunks)
             from rolloutcli.core import gae_kernels
 
             threads = gae_kernels.cpu_threads()
@@ -170,17 +170,18 @@ def _write(
     bootstrapped = 0
     single = len(blocks) == 1
     kept: np.ndarray | None = None
+    out: Any = None  # the temporary output, opened once the copy is complete
     datasets: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
 
         def output() -> dict[str, Any]:
             """The output's new datasets, created once the copy is complete (the first block is computed
             while the copy runs)."""
-            if not datasets:
+            nonlocal out
+            if out is None:
                 copy.wait(progress.advance)
                 out = stack.enter_context(open_for_update(tmp))
                 datasets.update(_prepare_output(out, touched, bootstrap, T, N))
-                datasets["@file"] = out
                 progress.start("gae", len(blocks) * (2 if options.normalize and not single else 1))
             return datasets
 
@@ -194,8 +195,6 @@ def _write(
             return_moments = return_moments.merge(Moments.of(returns))
             written = output()
             if bootstrap:
-                from rolloutcli.core.gae_numpy import bootstrap_time_outs_array
-
                 time_outs = block["time_outs"]
                 bootstrapped += int(np.count_nonzero(time_outs))
                 rewards = bootstrap_time_outs_array(block["rewards"], block["values"], time_outs, options.gamma)
@@ -210,8 +209,6 @@ def _write(
         written = output()  # also for T * N = 0 (no blocks)
         raw_mean = raw_std = None
         if options.normalize:
-            from rolloutcli.core.gae_numpy import normalize_array
-
             raw_mean, raw_std = moments.mean_std()
             for start, stop in blocks:
                 raw = kept if single else written["advantages"][:, start:stop]
@@ -222,7 +219,6 @@ def _write(
                 if not single:
                     progress.advance()
         progress.finish()
-        out = written["@file"]
         out.attrs["gae_gamma"] = options.gamma
         out.attrs["gae_lambda"] = options.lam
         out.attrs["advantages_normalized"] = options.normalize
