@@ -211,7 +211,16 @@ def test_gather_rows_matches_fancy_indexing_for_every_dtype() -> None:
         assert torch.equal(gather_rows(value, index, out=out[:31]), value[index])
 
 
-FIELD_DTYPES = [torch.float32, torch.float64, torch.float16, torch.uint8, torch.bool, torch.int16, torch.int64]
+FIELD_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.uint8,
+    torch.bool,
+    torch.int16,
+    torch.int64,
+]
 
 
 @settings(max_examples=60, deadline=None)
@@ -241,6 +250,35 @@ def test_gather_fields_equals_fancy_indexing_bit_for_bit(source_rows: int, data:
         expected = value[index]
         assert result[name] is outs[name]
         assert torch.equal(outs[name].view(torch.uint8), expected.contiguous().view(torch.uint8)), name
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_gather_fields_uses_the_compiled_kernels_or_falls_back(monkeypatch, compiled: bool) -> None:
+    from rolloutcli.core import native
+
+    if compiled and native.library() is None:
+        pytest.skip("the C file was not compiled in this install")
+    if not compiled:
+        monkeypatch.setattr(native, "library", lambda: None)
+    calls: list[str] = []
+    for kernel in ("gather_rows", "gather_sorted"):
+        real = getattr(native, kernel)
+        monkeypatch.setattr(native, kernel, lambda *a, _real=real, _name=kernel: calls.append(_name) or _real(*a))
+    index = torch.randperm(500)[:200]
+    sources = {"obs": torch.randn(500, 48), "r": torch.randn(500), "d": torch.randint(0, 2, (500,), dtype=torch.uint8)}
+    outs = {name: torch.empty(200, *value.shape[1:], dtype=value.dtype) for name, value in sources.items()}
+    gather_fields(sources, index, outs)
+    for name, value in sources.items():
+        assert torch.equal(outs[name], value[index]), name
+    assert sorted(calls) == ["gather_rows", "gather_sorted", "gather_sorted"]  # tried either way
+
+
+def test_gather_fields_refuses_rows_out_of_range() -> None:
+    sources = {"obs": torch.randn(10, 4), "r": torch.randn(10)}
+    outs = {name: torch.empty(3, *value.shape[1:]) for name, value in sources.items()}
+    for bad in ([0, 10, 2], [-1, 0, 1]):
+        with pytest.raises(IndexError):
+            gather_fields(sources, torch.tensor(bad), outs)
 
 
 def test_gather_fields_into_reused_buffer_views() -> None:

@@ -17,10 +17,9 @@ import pytest
 import torch
 from rollout_factory import rollout_arrays, write_rollout
 
-from rolloutcli.core import gae_kernels
+from rolloutcli.core import gae_kernels, native
 from rolloutcli.core.gae import bootstrap_time_outs, compute_gae, normalize_with
 from rolloutcli.core.gae_kernels import bootstrap_time_outs_array, cpu_threads, gae_into, normalize_array
-from rolloutcli.core.gae_numpy import native_gae
 from rolloutcli.core.moments import EnvMoments, Moments
 from rolloutcli.hdf5 import filecopy
 from rolloutcli.hdf5.filecopy import BackgroundCopy, copy_file_bytes
@@ -73,7 +72,7 @@ def test_gae_into_equals_compute_gae_bits(T: int, N: int) -> None:
     assert np.array_equal(_bits(adv), _bits(ref_adv)) and np.array_equal(_bits(ret), _bits(ref_ret))
 
 
-NATIVE = native_gae()
+NATIVE = native.gae_kernel()
 needs_native = pytest.mark.skipif(NATIVE is None, reason="the C kernel was not compiled in this install")
 
 
@@ -124,7 +123,7 @@ def test_native_kernel_returns_are_rsl_rl_bits(T: int, N: int, with_time_outs: b
 def test_ci_builds_the_c_kernel() -> None:
     # .ci/run sets this: there the kernel must have been compiled, so the tests above really ran.
     if os.environ.get("ROLLOUTCLI_REQUIRE_NATIVE") == "1":
-        assert NATIVE is not None, "the C kernel (rolloutcli/core/_gae_c.c) was not compiled by the install"
+        assert NATIVE is not None, "the C kernels (rolloutcli/core/_native.c) were not compiled by the install"
 
 
 @needs_native
@@ -140,13 +139,15 @@ def test_native_kernel_refuses_what_it_would_misread() -> None:
 
 
 def test_without_the_c_kernel_the_command_falls_back_to_numba(tmp_path: Path, monkeypatch) -> None:
-    import rolloutcli.core.gae_numpy as gae_numpy
-
     arrays = rollout_arrays(T=30, N=5, end_rate=0.1, seed=9)
     source = write_rollout(tmp_path / "in.h5", arrays)
     run_gae(source, tmp_path / "native.h5", GaeOptions(), RunOptions())
-    monkeypatch.setattr(gae_numpy, "native_gae", lambda: None)
+    monkeypatch.setattr(native, "gae_kernel", lambda: None)
+    calls = []
+    real_gae_into = gae_kernels.gae_into
+    monkeypatch.setattr(gae_kernels, "gae_into", lambda *args: calls.append(1) or real_gae_into(*args))
     run_gae(source, tmp_path / "numba.h5", GaeOptions(), RunOptions())
+    assert calls, "the numba fallback did not run"
     with h5py.File(tmp_path / "native.h5") as a, h5py.File(tmp_path / "numba.h5") as b:
         for name in ("advantages", "returns"):
             assert np.array_equal(a[name][()].view(np.uint32), b[name][()].view(np.uint32)), name
@@ -189,8 +190,8 @@ def test_gae_command_imports_neither_torch_nor_numba(tmp_path: Path) -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     # numba is loaded only as the fallback where the C kernel was not compiled
-    code += "; from rolloutcli.core.gae_numpy import native_gae; "
-    code += "assert 'numba' not in sys.modules or native_gae() is None, 'numba was imported'"
+    code += "; from rolloutcli.core.native import gae_kernel; "
+    code += "assert 'numba' not in sys.modules or gae_kernel() is None, 'numba was imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out.h5").exists()

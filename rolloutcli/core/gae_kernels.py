@@ -2,7 +2,7 @@
 
 This module imports neither torch nor h5py. :mod:`rolloutcli.core.gae` (the torch API) calls these kernels on
 zero-copy views of CPU tensors; ``rolloutcli gae`` on the CPU uses the compiled C kernel of
-:mod:`rolloutcli.core.gae_numpy` (no numba start-up) and these kernels only where that was not built.
+:mod:`rolloutcli.core.native` (no numba start-up) and these kernels only where that was not built.
 Shapes: ``[T, N]`` float32 / uint8 arrays, time first, C-contiguous.
 
 The recurrence (RSL-RL ``PPO.compute_returns``), reversed over ``t``, with ``c_t = gamma * lam * (1 - done_t)``::

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from rolloutcli.core.gae_numpy import bootstrap_time_outs_array, native_gae, normalize_array
+from rolloutcli.core import native as native_kernels
+from rolloutcli.core.gae_numpy import bootstrap_time_outs_array, normalize_array
 from rolloutcli.core.moments import EnvMoments, Moments
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_line
 from rolloutcli.hdf5.filecopy import BackgroundCopy
@@ -104,7 +105,7 @@ def _kernel(device: str) -> Kernel:
     (numba's where the C file was not compiled); any other device gets a copy of the block and the torch scan.
     """
     if device == "cpu":
-        native = native_gae()  # the compiled kernel: loads in microseconds
+        native = native_kernels.gae_kernel()  # the compiled kernel: loads in microseconds
         if native is None:  # not compiled here: numba's kernel (~0.28 s to load; equal up to float32
             # rounding where it cuts a long rollout of few envs into time chunks)
             from rolloutcli.core import gae_kernels
