@@ -36,7 +36,7 @@ import xxhash
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bandwidth import best_time, measure_bandwidth
 
-from rolloutcli.core.batching import gather_rows
+from rolloutcli.core.batching import gather_fields, gather_rows
 from rolloutcli.pipeline.batch import BatchOptions, run_batch
 from rolloutcli.pipeline.options import RunOptions
 
@@ -170,12 +170,20 @@ def bench_gather(rows: int = 1 << 20, width: int = 48) -> None:
     index = torch.randperm(rows)
     out = torch.empty(rows, width)
     nbytes = rows * width * 4
+    threads = torch.get_num_threads()
     rsl = best_time(lambda: source[index])
     ours = best_time(lambda: gather_rows(source, index, out=out))
     bandwidth = measure_bandwidth(0.25)
     print(f"gather {rows} rows x {width} float32 (memory bandwidth this run {bandwidth / 1e9:.1f} GB/s read+write):")
     print(f"  RSL-RL flat[idx]:                 {nbytes / rsl / 1e9:6.2f} GB/s")
     print(f"  gather_rows (index_select, out=): {nbytes / ours / 1e9:6.2f} GB/s  ({rsl / ours:.1f}x)")
+    shard = rows // 8  # what the export does: one mini-batch of 8 at a time, one thread
+    torch.set_num_threads(1)
+    single = best_time(lambda: gather_rows(source, index[:shard], out=out[:shard]))
+    fields = best_time(lambda: gather_fields({"x": source}, index[:shard], {"x": out[:shard]}))
+    torch.set_num_threads(threads)
+    print(f"  one shard of {shard} rows on one thread: index_select {nbytes / 8 / single / 1e9:.2f} GB/s, ", end="")
+    print(f"gather_fields (compiled, prefetching) {nbytes / 8 / fields / 1e9:.2f} GB/s ({single / fields:.1f}x)")
 
 
 def bench_memory(tmp: Path, gigabytes: float, max_memory: str, num_mini_batches: int) -> None:
