@@ -52,10 +52,7 @@ def gae_kernel() -> NativeGae | None:
     native = library()
     if native is None:
         return None
-    kernel = native.rolloutcli_gae
-    pointer = ctypes.c_void_p
-    kernel.argtypes = [pointer] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float] * 2 + [pointer] * 3
-    kernel.restype = None
+    kernel = native.rolloutcli_gae  # argument types set by library()
 
     def gae(
         r: np.ndarray,
@@ -69,7 +66,8 @@ def gae_kernel() -> NativeGae | None:
         ret: np.ndarray,
     ) -> None:
         """Write ``adv``, ``ret`` float32 ``[T, N]`` from ``r``, ``v`` float32 and ``d``, ``to`` uint8 ``[T, N]``
-        and ``lv`` float32 ``[N]`` (all C-contiguous; checked, as C would read past a wrong shape)."""
+        and ``lv`` float32 ``[N]`` (all C-contiguous; checked, as C would read past a wrong shape). ``adv`` and
+        ``ret`` must be fresh arrays, overlapping no input (the C code assumes it)."""
         steps, envs = r.shape
         for name, array, dtype, shape in (
             ("rewards", r, np.float32, (steps, envs)),
