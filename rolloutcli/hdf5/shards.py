@@ -210,14 +210,6 @@ def _write_segments(path: Path, segments: Sequence[Segment], *, fsync: bool = Fa
     return written
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _hash_segments(segments: Sequence[Segment]) -> str:
     digest = hashlib.sha256()
     for segment in segments:
@@ -230,7 +222,7 @@ class ShardWriter:
 
     ``submit`` returns once the *previous* shard's bytes are written and hashed, so a caller that alternates
     two sets of buffers can refill one while the other is written. Each written shard's write-back to disk
-    starts at once; ``wait_all`` fsyncs them all (by then mostly a formality). ``results`` maps file
+    starts at once, so the fsyncs of the folder's publish find it (nearly) done. ``results`` maps file
     name to ``(bytes, sha256)``. Use as a context manager: leaving it waits for every thread (also on
     errors, so nothing writes into a folder that is being removed).
     """
@@ -252,7 +244,6 @@ class ShardWriter:
         self.results: dict[str, tuple[int, str]] = {}
         self._layouts: dict[tuple[Any, ...], ShardLayout] = {}
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rolloutcli-shard")
-        self._unsynced: list[str] = []
         self._pending: tuple[str, Future[int], Future[str], object] | None = None
 
     def __enter__(self) -> ShardWriter:
@@ -320,17 +311,11 @@ class ShardWriter:
         except OSError as exc:
             raise self._failed(name, exc) from exc
         self.results[name] = (size, digest.result())
-        self._unsynced.append(name)
 
     def wait_all(self) -> None:
-        """Block until every shard is written, hashed and fsynced."""
+        """Block until every shard is written and hashed (durability comes from the folder's publish, which
+        fsyncs every file in it: :func:`rolloutcli.hdf5.atomic.atomic_folder`)."""
         self.wait()
-        names, self._unsynced = self._unsynced, []
-        for name in names:
-            try:
-                _fsync(self.folder / name)
-            except OSError as exc:
-                raise self._failed(name, exc) from exc
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -211,7 +211,7 @@ class ShardExport:
         return self._stack.__exit__(*exc)
 
     def source_hash(self) -> str:
-        """Wait for every shard to be on disk and for the source's content hash; return it.
+        """Wait for every shard to be written and for the source's content hash; return it.
 
         Raises:
             RolloutError: the source could not be read to hash it (exit 3), or a shard failed to write.
