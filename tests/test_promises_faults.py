@@ -56,16 +56,17 @@ def _prepare(folder: Path, name: str, old: bool) -> tuple[Path, Path | None, str
 
 def _write_old(dst: Path, kind: str | None) -> None:
     """A previous output at ``dst``: a file, or a folder holding one (``batch``)."""
-    if kind == "folder":
+    if kind == "folder":  # an earlier shard folder: the only folder --overwrite may replace
         dst.mkdir()
         (dst / "old.txt").write_bytes(OLD)
+        (dst / "manifest.json").write_text('{"format": "rolloutcli.shards"}')
     else:
         dst.write_bytes(OLD)
 
 
 def _is_old(dst: Path) -> bool:
     if dst.is_dir() and not dst.is_symlink():
-        return sorted(os.listdir(dst)) == ["old.txt"] and (dst / "old.txt").read_bytes() == OLD
+        return sorted(os.listdir(dst)) == ["manifest.json", "old.txt"] and (dst / "old.txt").read_bytes() == OLD
     return dst.is_file() and dst.read_bytes() == OLD
 
 

@@ -12,10 +12,11 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, EXIT_USAGE, RolloutError
+from rolloutcli.hdf5.rename import exchange, rename_noreplace
 
 TEMP_MARKER = ".rolloutcli-tmp-"
 
@@ -47,14 +48,47 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _holds(folder: Path, src: Path) -> bool:
+    """True when ``src`` lies inside ``folder`` (after resolving links)."""
+    try:
+        return os.path.commonpath([os.path.realpath(folder), os.path.realpath(src)]) == os.path.realpath(folder)
+    except ValueError:
+        return False
+
+
+def _check_replaceable(dst: Path, inputs: Sequence[Path], owned: Callable[[Path], bool] | None) -> None:
+    """``--overwrite`` on a folder output replaces only a link or an earlier output of ours holding no input."""
+    if os.path.islink(dst):
+        return  # the link itself is replaced; its target is never touched
+    if not os.path.isdir(dst) or owned is None or not owned(dst):
+        raise RolloutError(
+            f"{dst}: --overwrite replaces only an output folder rolloutcli wrote (with its manifest.json), "
+            "found something else; refusing to touch it. Choose a new output folder.",
+            exit_code=EXIT_USAGE,
+        )
+    for src in inputs:
+        if _holds(dst, src):
+            raise RolloutError(
+                f"{dst}: output folder holds the input {src}; refusing to replace it. Choose a new output folder.",
+                exit_code=EXIT_USAGE,
+            )
+
+
 def check_output_path(
-    dst: Path, inputs: Sequence[Path], *, overwrite: bool, kind: str = "file", replace_input: bool = False
+    dst: Path,
+    inputs: Sequence[Path],
+    *,
+    overwrite: bool,
+    kind: str = "file",
+    replace_input: bool = False,
+    owned: Callable[[Path], bool] | None = None,
 ) -> None:
     """Refuse unsafe destinations before anything is opened for writing.
 
     Refuses (exit 4) an output that is one of the inputs (same path, symlink or hard link) unless
     ``replace_input`` (an in-place update, which still goes through a temporary file); refuses (exit 2)
-    an existing output without ``overwrite``, and a missing or non-writable parent folder (exit 3).
+    a folder where a file is expected, an existing output without ``overwrite``, and, for a folder output,
+    anything but a link or a folder ``owned`` says we wrote; a missing or non-writable parent folder (exit 3).
     """
     for src in [] if replace_input else inputs:
         if same_file(dst, src) or os.path.abspath(dst) == os.path.abspath(src):
@@ -63,17 +97,19 @@ def check_output_path(
                 "Choose another output path (or use --in-place where the command offers it).",
                 exit_code=EXIT_UNSAFE,
             )
-    if os.path.lexists(dst) and not overwrite:
-        raise RolloutError(
-            f"{dst}: output already exists; refusing to overwrite it. Pass --overwrite to replace it.",
-            exit_code=EXIT_USAGE,
-        )
     if os.path.isdir(dst) and not os.path.islink(dst) and kind == "file":
         raise RolloutError(
             f"{dst}: output is a folder, expected a file path. Choose a file name such as {dst}/out.h5.",
             exit_code=EXIT_USAGE,
         )
-    parent = dst.parent if str(dst.parent) else Path(".")
+    if os.path.lexists(dst) and not overwrite:
+        raise RolloutError(
+            f"{dst}: output already exists; refusing to overwrite it. Pass --overwrite to replace it.",
+            exit_code=EXIT_USAGE,
+        )
+    if kind == "folder" and os.path.lexists(dst):
+        _check_replaceable(dst, inputs, owned)
+    parent = _parent(dst)
     if not parent.is_dir():
         raise RolloutError(
             f"{dst}: output folder {parent} does not exist. Create it first (mkdir -p {parent}).",
@@ -84,6 +120,16 @@ def check_output_path(
             f"{dst}: output folder {parent} is not writable. Choose a writable folder.",
             exit_code=EXIT_IO,
         )
+
+
+def _parent(dst: Path) -> Path:
+    return Path(os.path.dirname(os.path.abspath(dst)))
+
+
+def _temp_prefix(dst: Path) -> str:
+    """``.<name>.rolloutcli-tmp-``, the name cut so the temporary stays within NAME_MAX (255 bytes)."""
+    name = os.path.basename(os.path.abspath(dst)).encode()[:96].decode(errors="ignore")
+    return f".{name}{TEMP_MARKER}"
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -108,27 +154,46 @@ def _mode_for(inputs: Sequence[Path]) -> int:
 
 def _publish_error(dst: Path, exc: OSError) -> RolloutError:
     """A failed chmod / fsync / rename of a finished output (disk full at fsync, EIO, folder removed)."""
+    if isinstance(exc, FileExistsError):
+        return RolloutError(
+            f"{dst}: output appeared while the command ran; refusing to overwrite it, nothing was written. "
+            "Pass --overwrite to replace it.",
+            exit_code=EXIT_USAGE,
+        )
     return RolloutError(
         f"{dst}: cannot write the output: {exc.strerror or exc}; nothing was written.", exit_code=EXIT_IO
     )
+
+
+def _keep_identity(tmp: Path, dst: Path) -> None:
+    """An in-place replacement keeps the replaced file's mode, owner (where permitted) and extended attributes."""
+    info = os.stat(dst)
+    os.chmod(tmp, stat.S_IMODE(info.st_mode))
+    with contextlib.suppress(OSError):
+        os.chown(tmp, info.st_uid, info.st_gid)
+    with contextlib.suppress(OSError):
+        for name in os.listxattr(dst):
+            with contextlib.suppress(OSError):
+                os.setxattr(tmp, name, os.getxattr(dst, name))
 
 
 @contextlib.contextmanager
 def atomic_file(
     dst: Path, *, inputs: Sequence[Path] = (), overwrite: bool = False, replace_input: bool = False
 ) -> Iterator[Path]:
-    """Yield a temporary path beside ``dst``; on success fsync it and ``os.replace`` it onto ``dst``.
+    """Yield a temporary path beside ``dst``; on success fsync it and rename it onto ``dst``.
 
-    On any exception the temporary file is removed and ``dst`` is left as it was. If ``dst`` is a
-    symlink, the link itself is replaced by the new file (its target is untouched). ``replace_input``
-    allows ``dst`` to be one of ``inputs`` (in-place update: the input is replaced only when complete).
+    On any exception the temporary file is removed and ``dst`` is left as it was. Without ``overwrite`` the
+    rename never replaces a path that appeared meanwhile (exit 2). If ``dst`` is a symlink, the link itself
+    is replaced by the new file (its target is untouched). ``replace_input`` allows ``dst`` to be one of
+    ``inputs`` (in-place update: the input is replaced only when complete, keeping its mode, owner, xattrs).
     """
     dst = Path(dst)
     inputs = [Path(p) for p in inputs]
     check_output_path(dst, inputs, overwrite=overwrite or replace_input, replace_input=replace_input)
-    parent = dst.parent if str(dst.parent) else Path(".")
+    parent = _parent(dst)
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{dst.name}{TEMP_MARKER}", dir=parent)
+        fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(dst), dir=parent)
     except OSError as exc:
         raise RolloutError(f"{dst}: cannot create a file in {parent}: {exc.strerror}.", exit_code=EXIT_IO) from exc
     os.close(fd)
@@ -137,10 +202,16 @@ def atomic_file(
     try:
         yield tmp
         try:
-            os.chmod(tmp, _mode_for(inputs))
+            if replace_input:
+                _keep_identity(tmp, dst)
+            else:
+                os.chmod(tmp, _mode_for(inputs))
             with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
-            os.replace(tmp, dst)
+            if overwrite or replace_input:
+                os.replace(tmp, dst)
+            else:
+                rename_noreplace(tmp, Path(os.path.abspath(dst)))
         except OSError as exc:
             raise _publish_error(dst, exc) from exc
         _LIVE_TEMPS.discard(tmp_name)
@@ -152,51 +223,83 @@ def atomic_file(
         raise
 
 
+def _seal_folder(tmp: Path, mode: int) -> None:
+    """chmod then fsync every file (the first fsync commits every chmod at once), then the folder itself."""
+    children = list(tmp.iterdir())
+    for child in children:
+        os.chmod(child, mode)
+    for child in children:
+        with open(child, "rb+") as handle:
+            os.fsync(handle.fileno())
+    os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # folders need x where they have r
+    _fsync_dir(tmp)
+
+
+def _remove(path: Path) -> None:
+    if os.path.islink(path):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _replace_folder(tmp: Path, dst: Path) -> None:
+    """Put ``tmp`` in place of ``dst`` (checked replaceable); the old output ends under ``tmp`` or is gone."""
+    if exchange(tmp, dst):
+        return
+    old = Path(tempfile.mkdtemp(prefix=_temp_prefix(dst) + "old-", dir=dst.parent))
+    os.replace(dst, old / "previous")
+    try:
+        os.rename(tmp, dst)
+    except OSError:
+        with contextlib.suppress(OSError):  # put the previous output back: old output or nothing
+            os.replace(old / "previous", dst)
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)  # a link inside is removed, its target never followed
+
+
 @contextlib.contextmanager
-def atomic_folder(dst: Path, *, inputs: Sequence[Path] = (), overwrite: bool = False) -> Iterator[Path]:
+def atomic_folder(
+    dst: Path,
+    *,
+    inputs: Sequence[Path] = (),
+    overwrite: bool = False,
+    owned: Callable[[Path], bool] | None = None,
+) -> Iterator[Path]:
     """Yield a temporary folder beside ``dst``; publish it by renaming when the block completes.
 
-    An existing ``dst`` (with ``overwrite``) is moved aside first and removed only after the new folder
-    is in place, so an interruption leaves the old folder or no folder, never a half-written one.
+    Without ``overwrite`` nothing at ``dst`` is ever replaced, even one that appeared during the run (exit 2).
+    With it, only a link or a folder that ``owned`` recognises as an earlier output (holding no input) is
+    replaced, checked at the start and again at publish; the swap is one step where the file system allows,
+    so an interruption leaves the old folder or the new one, never a half-written one.
     """
-    dst = Path(dst)
+    shown = Path(dst)
+    dst = Path(os.path.abspath(dst))
     inputs = [Path(p) for p in inputs]
-    check_output_path(dst, inputs, overwrite=overwrite, kind="folder")
-    parent = dst.parent if str(dst.parent) else Path(".")
+    check_output_path(shown, inputs, overwrite=overwrite, kind="folder", owned=owned)
+    parent = dst.parent
     try:
-        tmp_name = tempfile.mkdtemp(prefix=f".{dst.name}{TEMP_MARKER}", dir=parent)
+        tmp_name = tempfile.mkdtemp(prefix=_temp_prefix(dst), dir=parent)
     except OSError as exc:
-        raise RolloutError(f"{dst}: cannot create a folder in {parent}: {exc.strerror}.", exit_code=EXIT_IO) from exc
+        raise RolloutError(f"{shown}: cannot create a folder in {parent}: {exc.strerror}.", exit_code=EXIT_IO) from exc
     _LIVE_TEMPS.add(tmp_name)
     tmp = Path(tmp_name)
-    old: Path | None = None  # the previous output while it is moved aside (never in _LIVE_TEMPS: it is user data)
     try:
         yield tmp
         try:
-            mode = _mode_for(inputs)
-            children = list(tmp.iterdir())
-            for child in children:  # every chmod first: the first fsync then commits them all at once
-                os.chmod(child, mode)
-            for child in children:
-                with open(child, "rb+") as handle:
-                    os.fsync(handle.fileno())
-            os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # folders need x where they have r
-            _fsync_dir(tmp)
-            if os.path.lexists(dst):
-                old = Path(tempfile.mkdtemp(prefix=f".{dst.name}{TEMP_MARKER}old-", dir=parent))
-                os.replace(dst, old / "previous")
-            os.replace(tmp, dst)
+            _seal_folder(tmp, _mode_for(inputs))
+            if overwrite and os.path.lexists(dst):
+                _check_replaceable(shown, inputs, owned)
+                _replace_folder(tmp, dst)
+            else:
+                rename_noreplace(tmp, dst)
         except OSError as exc:
-            raise _publish_error(dst, exc) from exc
-        _LIVE_TEMPS.discard(tmp_name)
+            raise _publish_error(shown, exc) from exc
         _fsync_dir(parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)  # the replaced output, if any
         _LIVE_TEMPS.discard(tmp_name)
-        if old is not None and os.path.lexists(old / "previous") and not os.path.lexists(dst):
-            with contextlib.suppress(OSError):  # put the previous output back: old output or nothing
-                os.replace(old / "previous", dst)
-                os.rmdir(old)
+    except BaseException:
+        _remove(tmp)
+        _LIVE_TEMPS.discard(tmp_name)
         raise

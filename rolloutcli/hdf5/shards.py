@@ -333,6 +333,18 @@ def write_manifest(folder: Path, manifest: Mapping[str, Any]) -> None:
         raise RolloutError(f"{path}: cannot write the manifest: {exc.strerror or exc}.", exit_code=EXIT_IO) from exc
 
 
+def is_shard_folder(folder: Path) -> bool:
+    """True for a folder ``rolloutcli batch`` wrote: its ``manifest.json`` names the shard format."""
+    path = Path(folder) / MANIFEST_NAME
+    try:
+        if not path.is_file() or path.stat().st_size > 1 << 26:
+            return False
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
+
+
 def read_manifest(folder: Path | str) -> dict[str, Any]:
     """Read and check ``folder/manifest.json``: format, mode, shard entries, and that every file exists.
 

@@ -26,7 +26,7 @@ from rolloutcli.core.batching import BatchPlan
 from rolloutcli.errors import EXIT_IO, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.shards import Shapes, ShardWriter, write_manifest
+from rolloutcli.hdf5.shards import Shapes, ShardWriter, is_shard_folder, write_manifest
 from rolloutcli.pipeline.progress import Progress
 
 Rows = dict[str, torch.Tensor]
@@ -200,7 +200,8 @@ class ShardExport:
             torch.set_num_threads(1)
             stack.callback(self._stop.set)
             self._hasher.start()
-            self.tmp = stack.enter_context(atomic_folder(self.dst, inputs=[self.src], overwrite=self.overwrite))
+            folder = atomic_folder(self.dst, inputs=[self.src], overwrite=self.overwrite, owned=is_shard_folder)
+            self.tmp = stack.enter_context(folder)
             self.writer = stack.enter_context(
                 ShardWriter(self.tmp, self.attrs, self.group_attrs, compression=self.compression, label=self.dst)
             )
