@@ -23,6 +23,7 @@ import torch
 
 from rolloutcli.core.batching import feedforward_order, parity_sizes, recurrent_groups, split_sizes
 from rolloutcli.core.trajectories import hidden_states_at_starts, split_and_pad_trajectories, trajectory_spans
+from rolloutcli.fields import FIELDS
 
 HiddenState = torch.Tensor | tuple[torch.Tensor, ...] | None
 
@@ -127,6 +128,7 @@ class RolloutStorage:
             self.distribution_params: tuple[torch.Tensor, ...] | None = None
             self.returns = torch.zeros(T, N, 1, device=device)
             self.advantages = torch.zeros(T, N, 1, device=device)
+            self._blank = (self.returns, self.advantages)  # still these zeros: never computed (see to_hdf5)
         self.saved_hidden_state_a: list[torch.Tensor] | None = None
         self.saved_hidden_state_c: list[torch.Tensor] | None = None
         # rolloutcli additions, filled by from_hdf5 (RSL-RL keeps these outside the storage)
@@ -389,18 +391,79 @@ class RolloutStorage:
         *,
         training_type: str | None = None,
         allow_external: bool = False,
+        tensordict: bool = True,
     ) -> RolloutStorage:
-        """Load a rollout file (validated, read-only) into a full storage; ``envs`` selects an env slice.
+        """Load a rollout file into a full storage; ``envs`` selects an env slice.
 
-        ``training_type`` defaults to ``"rl"`` when the file has ``values``, else ``"distillation"``
-        when it has ``privileged_actions``, else ``"rl"``.
+        The file goes through the commands' checks (metadata probe in a child process, audit, limits, values).
+        ``training_type`` defaults to ``"distillation"`` when the file has ``privileged_actions`` and no
+        ``values``, else ``"rl"``. Observations are a ``TensorDict`` (RSL-RL's type, so the storage goes
+        straight into RSL-RL's ``PPO.update()`` / ``Distillation.update()``), or a dict with ``tensordict=False``.
         """
-        from rolloutcli.hdf5.storage_io import load_storage
+        from rolloutcli.hdf5.limits import SafetyOptions
+        from rolloutcli.hdf5.storage_io import read_rollout
 
-        return load_storage(cls, Path(path), device, envs, training_type, allow_external)
+        loaded = read_rollout(path, device, envs, SafetyOptions(allow_external=allow_external))
+        tensors, T, N = loaded.tensors, loaded.T, loaded.N
+        if training_type is None:
+            training_type = "distillation" if "privileged_actions" in tensors and "values" not in tensors else "rl"
+        observations = {key: tensors[name] for key, name in loaded.observations.items()}
+        example: Any = {key: value[0] for key, value in observations.items()}
+        if tensordict:
+            from tensordict import TensorDict
+
+            example = TensorDict(example, batch_size=[N], device=device)
+        storage = cls(training_type, N, T, example, tuple(tensors["actions"].shape[2:]), device)
+        for key, value in observations.items():
+            storage.observations[key] = value
+        for row in FIELDS:
+            if row.name not in tensors or row.storage_name is None or row.group:
+                continue
+            if training_type != "rl" and row.name in _RL_ONLY:
+                continue
+            value = tensors[row.name]
+            setattr(storage, row.storage_name, value.unsqueeze(-1) if row.trailing_one else value)
+        if training_type == "rl" and loaded.distribution:
+            storage.distribution_names = loaded.distribution
+            storage.distribution_params = tuple(tensors[f"distribution/{n}"] for n in loaded.distribution)
+        for net, attribute in (("actor", "saved_hidden_state_a"), ("critic", "saved_hidden_state_c")):
+            if loaded.hidden.get(net):
+                setattr(storage, attribute, [tensors[p] for p in loaded.hidden[net]])
+        storage.attrs = dict(loaded.attrs)
+        storage.step = T
+        return storage
 
     def to_hdf5(self, path: str | Path, *, overwrite: bool = False) -> None:
-        """Write the storage as a rollout file (atomically: temporary name, then rename)."""
-        from rolloutcli.hdf5.storage_io import save_storage
+        """Write the storage as a rollout file (atomically: temporary name, then rename).
 
-        save_storage(self, Path(path), overwrite=overwrite)
+        ``advantages`` and ``returns`` are written only once computed (``compute_returns`` or loaded from a
+        file): the zeros a fresh storage holds would pass for real advantages.
+        """
+        from rolloutcli.hdf5.storage_io import write_rollout
+
+        tensors = {f"observations/{key}": self.observations[key] for key in self.observations.keys()}
+        computed = self.training_type == "rl" and (
+            self.returns is not self._blank[0]
+            or self.advantages is not self._blank[1]
+            or bool(self.returns.any())
+            or bool(self.advantages.any())
+        )
+        for row in FIELDS:
+            value = getattr(self, row.storage_name, None) if row.storage_name and not row.group else None
+            if value is None or (row.name in ("advantages", "returns") and not computed):
+                continue
+            if row.trailing_one:
+                value = value.reshape(value.shape[: 1 if row.name == "last_values" else 2])
+            tensors[row.name] = value.to(torch.uint8) if row.flag else value
+        params = self.distribution_params if self.training_type == "rl" else None
+        names = self.distribution_names or [f"param{i}" for i in range(len(params or ()))]
+        for name, param in zip(names, params or (), strict=True):
+            tensors[f"distribution/{name}"] = param
+        for net, states in (("actor", self.saved_hidden_state_a), ("critic", self.saved_hidden_state_c)):
+            for index, state in enumerate(states or ()):
+                tensors[f"hidden_states/{net}/{index}"] = state
+        group_attrs = {"distribution": {"order": names}} if self.distribution_names and params else None
+        write_rollout(path, tensors, self.attrs, group_attrs=group_attrs, overwrite=overwrite)
+
+
+_RL_ONLY = ("values", "actions_log_prob", "advantages", "returns")

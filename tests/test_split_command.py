@@ -176,3 +176,98 @@ def test_round_trip_property(
     for name, value in arrays.items():
         assert back[name].dtype == value.dtype
         np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+def _dataset_bytes(path: Path) -> dict[str, bytes]:
+    return {name: value.tobytes() for name, value in _datasets(path).items()}
+
+
+def test_extra_step_datasets_stream_at_any_budget(tmp_path: Path, cli) -> None:
+    """Issue 12.2: gae's `rewards_raw` and a user's [T, N, 4] extra are split like fields, the same at any budget."""
+    assert cli("gae", SAMPLE, "-o", tmp_path / "gae.h5", "-q")[0] == 0
+    with h5py.File(tmp_path / "gae.h5", "a") as handle:
+        assert "rewards_raw" in handle
+        T, N = handle["rewards"].shape[:2]
+        handle["user_extra"] = np.arange(T * N * 4, dtype=np.int32).reshape(T, N, 4)
+    outputs = {}
+    for budget in ("64K", "1K", None):
+        out = tmp_path / f"s{budget}.h5"
+        code, _, err = cli("split", tmp_path / "gae.h5", "-o", out, "-q", *(["--max-memory", budget] if budget else []))
+        assert code == 0, err
+        outputs[budget] = _dataset_bytes(out)
+    assert outputs["64K"] == outputs[None] == outputs["1K"]
+    with h5py.File(tmp_path / "s64K.h5", "r") as handle:
+        assert handle["rewards_raw"].shape[:2] == handle["masks"].shape
+        assert "user_extra" in handle.attrs["split_fields"]
+    assert cli("split", "--unpad", tmp_path / "s64K.h5", "-o", tmp_path / "back.h5", "-q")[0] == 0
+    original, back = _datasets(tmp_path / "gae.h5"), _datasets(tmp_path / "back.h5")
+    assert sorted(original) == sorted(back)
+    for name, value in original.items():
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+def test_internal_error_is_not_blamed_on_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug inside split surfaces as itself, never as "data unreadable, file corrupt"."""
+    from rolloutcli.pipeline import split
+    from rolloutcli.pipeline.options import RunOptions
+
+    source = write_rollout(tmp_path / "in.h5", rollout_arrays())
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("an internal mistake")
+
+    monkeypatch.setattr(split, "scatter_into_trajectories", broken)
+    with pytest.raises(ValueError, match="an internal mistake"):
+        split.run_split(source, tmp_path / "s.h5", split.SplitOptions(), RunOptions())
+    assert not (tmp_path / "s.h5").exists()
+
+
+def _rich_file(path: Path) -> Path:
+    """A rollout whose attributes, datatypes and references split must keep (issues 12.7, 17.5, 17.6)."""
+    arrays = rollout_arrays(T=10, N=3, end_rate=0.3, hidden="gru")
+    with h5py.File(path, "w", libver="latest") as handle:
+        handle.attrs["rolloutcli_format"] = "rollout"
+        handle.attrs["big"] = np.arange(50_000, dtype=np.float32)  # 200 KB: dense attribute storage
+        handle["float_be"] = np.dtype(">f4")  # a committed datatype
+        for name, value in arrays.items():
+            dtype = handle["float_be"] if name == "actions" else (">f4" if name == "values" else value.dtype)
+            handle.create_dataset(name, data=value, dtype=dtype)
+        handle["distribution"].attrs["order"] = ["std", "mean"]  # not the sorted order
+        handle["observations"].attrs["source"] = "sim"
+        handle["rewards"].attrs["units"] = "points"
+        handle["step_index"] = np.arange(10)
+        handle["step_index"].make_scale("t")
+        handle["rewards"].dims[0].attach_scale(handle["step_index"])
+        handle.attrs["main"] = handle["values"].ref
+    return path
+
+
+def test_split_and_unpad_keep_attributes_types_and_references(tmp_path: Path, cli) -> None:
+    source = _rich_file(tmp_path / "in.h5")
+    code, _, err = cli("split", source, "-o", tmp_path / "s.h5", "-q")
+    assert code == 0, err
+    with h5py.File(tmp_path / "s.h5", "r") as handle:
+        assert list(handle["distribution"].attrs["order"]) == ["std", "mean"]
+        assert handle["rewards"].attrs["units"] == "points"
+        assert handle["values"].dtype == np.dtype(">f4")
+        assert handle["actions"].id.get_type().committed()
+        assert handle[handle.attrs["main"]].name == "/values"  # re-pointed, not dangling
+        assert handle["rewards"].dims[0][0].name == "/step_index"
+        assert handle.attrs["big"].size == 50_000
+    code, _, err = cli("split", "--unpad", tmp_path / "s.h5", "-o", tmp_path / "back.h5", "-q")
+    assert code == 0, err
+    from rolloutcli import RolloutStorage
+
+    assert RolloutStorage.from_hdf5(tmp_path / "back.h5").distribution_names == ["std", "mean"]
+    with h5py.File(source, "r") as before, h5py.File(tmp_path / "back.h5", "r") as after:
+        for name in ("", "distribution", "observations", "rewards", "values", "actions"):
+            old, new = (before[name], after[name]) if name else (before, after)
+            assert sorted(old.attrs) == sorted(new.attrs), name
+        assert sorted(after.attrs) == sorted(before.attrs)
+        assert after[after.attrs["main"]].name == "/values"
+        assert after["values"].dtype == np.dtype(">f4") and after["actions"].id.get_type().committed()
+        assert after["rewards"].dims[0][0].name == "/step_index"
+        assert after["step_index"].attrs["REFERENCE_LIST"][0][0]  # the scale points back, into this file
+        assert after[after["step_index"].attrs["REFERENCE_LIST"][0][0]].name == "/rewards"
+        for name in ("actions", "values", "rewards", "observations/policy", "distribution/std"):
+            np.testing.assert_array_equal(after[name][()], before[name][()], err_msg=name)

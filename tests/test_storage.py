@@ -137,3 +137,31 @@ def test_sample_loads() -> None:
     assert storage.num_envs == 16 and storage.num_transitions_per_env == 256
     assert storage.time_outs is not None and storage.last_values is not None
     assert len(storage.saved_hidden_state_a) == 1
+
+
+def test_to_hdf5_before_compute_returns_writes_no_advantages(tmp_path: Path, cli) -> None:
+    """Issue 12.5: the zeros of a fresh storage are not advantages; batch then asks for gae."""
+    storage = _fill(RolloutStorage, tensordict=False)
+    storage.to_hdf5(tmp_path / "raw.h5")
+    with h5py.File(tmp_path / "raw.h5", "r") as handle:
+        assert "advantages" not in handle and "returns" not in handle and "values" in handle
+    code, _, err = cli("batch", tmp_path / "raw.h5", "-o", tmp_path / "shards", "-m", "2")
+    assert code == 1 and "Run `rolloutcli gae` first." in err
+    storage.last_values = torch.zeros(4, 1)
+    storage.compute_returns()
+    storage.to_hdf5(tmp_path / "gae.h5")
+    back = RolloutStorage.from_hdf5(tmp_path / "gae.h5")
+    assert torch.equal(back.advantages, storage.advantages) and torch.equal(back.returns, storage.returns)
+    back.to_hdf5(tmp_path / "again.h5")  # loaded advantages count as computed
+    with h5py.File(tmp_path / "again.h5", "r") as handle:
+        assert "advantages" in handle and "returns" in handle
+
+
+def test_from_hdf5_observations_are_a_tensordict(tmp_path: Path) -> None:
+    path = make_rollout(tmp_path / "r.h5", T=6, N=5)
+    storage = RolloutStorage.from_hdf5(path)
+    assert isinstance(storage.observations, TensorDict) and storage.observations.batch_size == (6, 5)
+    assert sorted(storage.observations.keys()) == ["critic", "policy"]
+    plain = RolloutStorage.from_hdf5(path, tensordict=False)
+    assert isinstance(plain.observations, dict)
+    assert torch.equal(plain.observations["policy"], storage.observations["policy"])

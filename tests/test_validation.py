@@ -171,7 +171,7 @@ def test_accepted_variants(tmp_path: Path) -> None:
     arrays.pop("observations/critic")
     path = write_rollout(tmp_path / "variants.h5", arrays)
     storage = RolloutStorage.from_hdf5(path)
-    assert list(storage.observations) == ["policy"]
+    assert list(storage.observations.keys()) == ["policy"]  # a TensorDict (RSL-RL's type)
     assert storage.rewards.dtype.is_floating_point and storage.rewards.shape == (12, 3, 1)
     assert storage.rewards.dtype == __import__("torch").float32
     assert storage.dones.dtype == __import__("torch").uint8 and set(storage.dones.unique().tolist()) <= {0, 1}

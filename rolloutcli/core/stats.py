@@ -1,6 +1,6 @@
-"""The numbers ``inspect`` shows, computed blockwise and merged, as plain data.
+"""The numbers ``inspect`` shows, computed blockwise and merged, as plain data (numpy only: no torch).
 
-``Moments`` and ``EnvMoments`` live in :mod:`rolloutcli.core.moments` (numpy only) and are re-exported here.
+``Moments`` and ``EnvMoments`` live in :mod:`rolloutcli.core.moments` and are re-exported here.
 
 Every accumulator here can be built from one env block and merged with another (``merge``), so a file
 larger than memory is summarised block by block with the same result as a single pass.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
-from rolloutcli.core.moments import EnvMoments, Moments
+from rolloutcli.core.moments import EnvMoments, Moments, host_array
 
 __all__ = ["EnvMoments", "EpisodeStats", "Moments"]
 
@@ -35,7 +35,7 @@ class EpisodeStats:
     """
 
     T: int
-    length_counts: torch.Tensor
+    length_counts: np.ndarray
     completed: int = 0
     terminations: int = 0
     time_outs: int = 0
@@ -45,22 +45,19 @@ class EpisodeStats:
     trajectories: int = 0
 
     @classmethod
-    def of(cls, dones: torch.Tensor, time_outs: torch.Tensor | None = None) -> EpisodeStats:
-        """Statistics of one env block; ``dones``/``time_outs`` ``[T, n]`` 0/1."""
-        T, n = dones.shape
-        ended = dones.to(torch.bool)
-        per_env = ended.sum(dim=0)
+    def of(cls, dones: object, time_outs: object | None = None) -> EpisodeStats:
+        """Statistics of one env block; ``dones``/``time_outs`` ``[T, n]`` 0/1 (arrays or tensors)."""
+        ended = host_array(dones).astype(bool)
+        T, n = ended.shape
+        per_env = ended.sum(axis=0)
         completed = int(per_env.sum())
-        timeouts = int((ended & time_outs.to(torch.bool)).sum()) if time_outs is not None else 0
+        timeouts = int((ended & host_array(time_outs).astype(bool)).sum()) if time_outs is not None else 0
         # Episode lengths: positions of dones per env (env-major), differences between consecutive ones.
-        env_index, step_index = ended.t().nonzero(as_tuple=True)
-        first_of_env = torch.ones_like(env_index, dtype=torch.bool)
+        env_index, step_index = np.nonzero(ended.T)
+        first_of_env = np.ones(env_index.shape, dtype=bool)
         first_of_env[1:] = env_index[1:] != env_index[:-1]
-        previous = torch.empty_like(step_index)
-        previous[1:] = step_index[:-1]
-        lengths = (step_index - previous)[~first_of_env]  # episodes whose start lies in the recording
-        counts = torch.bincount(lengths, minlength=T + 1)[: T + 1].to(torch.int64)
-        last_done = ended[-1]
+        lengths = np.diff(step_index, prepend=0)[~first_of_env]  # episodes whose start lies in the recording
+        counts = np.bincount(lengths, minlength=T + 1)[: T + 1].astype(np.int64)
         return cls(
             T,
             counts,
@@ -68,7 +65,7 @@ class EpisodeStats:
             completed - timeouts,
             timeouts,
             int(first_of_env.sum()),
-            int((~last_done).sum()),
+            int((~ended[-1]).sum()),
             per_env.tolist(),
             int(ended[:-1].sum()) + n,
         )
@@ -92,9 +89,9 @@ class EpisodeStats:
         total = int(counts.sum())
         if total == 0:
             return {"count": 0, "min": None, "mean": None, "max": None, **{f"p{p}": None for p in percentiles}}
-        lengths = torch.arange(counts.numel(), dtype=torch.float64)
-        cumulative = counts.cumsum(0)
-        present = counts.nonzero().reshape(-1)
+        lengths = np.arange(counts.size, dtype=np.float64)
+        cumulative = counts.cumsum()
+        present = np.flatnonzero(counts)
         summary: dict[str, float | int | None] = {
             "count": total,
             "min": int(present[0]),
@@ -104,14 +101,14 @@ class EpisodeStats:
         for p in percentiles:
             # nearest-rank percentile: smallest L with at least ceil(p/100 * total) episodes <= L
             rank = max(1, math.ceil(p / 100 * total))
-            summary[f"p{p}"] = int(torch.searchsorted(cumulative, torch.tensor(rank)))
+            summary[f"p{p}"] = int(np.searchsorted(cumulative, rank))
         return summary
 
     def histogram(self, bins: int = 10) -> list[dict[str, int]]:
         """Equal-width bins ``[lo, hi]`` of fully observed episode lengths with their counts."""
         counts = self.length_counts
-        present = counts.nonzero().reshape(-1)
-        if present.numel() == 0:
+        present = np.flatnonzero(counts)
+        if present.size == 0:
             return []
         lo, hi = int(present[0]), int(present[-1])
         width = max(1, math.ceil((hi - lo + 1) / bins))

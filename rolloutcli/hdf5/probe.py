@@ -167,7 +167,7 @@ def serve() -> None:
     """The helper's loop: one JSON request per line on stdin, one JSON answer per line on stdout."""
     import h5py  # noqa: F401 - imported once, before the forks
 
-    import rolloutcli.hdf5.safety  # noqa: F401
+    import rolloutcli.hdf5.audit  # noqa: F401
 
     for line in sys.stdin.buffer:
         request = json.loads(line)
@@ -201,7 +201,8 @@ def _read_metadata(path: Path, allow_external: bool) -> None:
     """In the throwaway child: open, audit, then touch what commands read from the metadata (hard links)."""
     import h5py
 
-    from rolloutcli.hdf5.safety import SafetyOptions, audit_file
+    from rolloutcli.hdf5.audit import audit_file
+    from rolloutcli.hdf5.limits import SafetyOptions
 
     with h5py.File(path, "r") as handle:
         try:

@@ -1,27 +1,31 @@
-"""Read a rollout file: open safely, validate everything up front, then read env blocks as tensors.
+"""Read HDF5 inputs: the one front door for pipelines and the library (no caller holds an h5py object).
 
-Validation happens in two passes before any work: ``schema.describe`` (structure, no data read) and
-``check_values`` (streams env blocks: NaN/Inf in rewards/values/last_values, flags outside {0, 1},
-time-outs where dones is 0). Every problem is reported at once.
+``H5Input`` is any audited, read-only file (a rollout, a split file): dataset metadata, root attributes, and
+slices as numpy arrays, every libhdf5 failure translated to a one-line ``RolloutError`` naming the field.
+``RolloutReader`` adds the rollout contract: the schema (``schema.describe``, structure, no data read), the
+value checks (``check_values``, streamed in env blocks) and reads normalised as :mod:`rolloutcli.fields` says.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import h5py
 import numpy as np
 
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
+from rolloutcli.fields import by_flag
 from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY
 from rolloutcli.hdf5.safety import HDF5_ERRORS, SafetyOptions, open_hdf5, translate_hdf5_error
-from rolloutcli.hdf5.schema import FLAG_FIELDS, FLOAT_COMPUTE_FIELDS, SCALAR_FIELDS, RolloutSchema, describe
+from rolloutcli.hdf5.schema import DatasetInfo, RolloutSchema, describe
 
 if TYPE_CHECKING:  # torch is imported only by the tensor readers, so that `gae` on the CPU never loads it
     import torch
+
+R = TypeVar("R")
 
 
 def env_blocks(num_envs: int, bytes_per_env: int, budget: int) -> list[tuple[int, int]]:
@@ -33,13 +37,95 @@ def env_blocks(num_envs: int, bytes_per_env: int, budget: int) -> list[tuple[int
     return [(start, min(start + per_block, num_envs)) for start in range(0, num_envs, per_block)]
 
 
-class RolloutReader:
-    """An open, audited, validated rollout file. Use as a context manager or call ``close``.
+def attr_value(value: Any) -> Any:
+    """An attribute as plain Python data (bytes decoded, numpy scalars and arrays as Python values)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
 
-    ``read(name, start, stop)`` returns the env slice ``[start:stop]`` of a field as a numpy array in
-    native byte order; ``tensors(names, start, stop, device)`` returns normalised torch tensors:
-    scalar per-step fields ``[T, n]`` (a trailing 1 squeezed), rewards/values/last_values float32,
-    dones/time_outs uint8 0/1, everything else in its stored dtype.
+
+def _compression(dataset: h5py.Dataset) -> str | None:
+    flags = (dataset.compression, "shuffle" if dataset.shuffle else None, "fletcher32" if dataset.fletcher32 else None)
+    return "+".join(p for p in flags if p) or None
+
+
+class H5Input:
+    """An audited, read-only HDF5 file. Use as a context manager or call ``close``.
+
+    Attributes:
+        path: the file.
+        datasets: every dataset reachable by hard links, ``{path: DatasetInfo}`` (as stored).
+        named_types: paths of the committed (named) datatypes.
+        attrs: root attributes as plain data.
+    """
+
+    def __init__(self, path: Path | str, options: SafetyOptions | None = None) -> None:
+        self.path = Path(path)
+        self._stack = contextlib.ExitStack()
+        self.handle: h5py.File = self._stack.enter_context(open_hdf5(self.path, options))
+        try:
+            self.named_types: list[str] = []
+            self.datasets: dict[str, DatasetInfo] = self.guard(self._list_datasets)
+            self.attrs: dict[str, Any] = self.guard(lambda: self.attrs_of(""))
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> H5Input:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def guard(self, fn: Callable[[], R], field: str | None = None) -> R:
+        """Run ``fn`` (h5py calls on this file); an HDF5 failure or MemoryError becomes a ``RolloutError``."""
+        try:
+            return fn()
+        except RolloutError:
+            raise
+        except (*HDF5_ERRORS, MemoryError) as exc:
+            raise translate_hdf5_error(self.path, exc, field) from exc
+
+    def _list_datasets(self) -> dict[str, DatasetInfo]:
+        found: dict[str, DatasetInfo] = {}
+
+        def visit(name: str, obj: Any) -> None:
+            if isinstance(obj, h5py.Dataset):
+                shape = tuple(int(s) for s in obj.shape or ())
+                found[name] = DatasetInfo(shape, obj.dtype, obj.chunks, _compression(obj))
+            elif isinstance(obj, h5py.Datatype):
+                self.named_types.append(name)
+
+        self.handle.visititems(visit)
+        return found
+
+    def attrs_of(self, name: str) -> dict[str, Any]:
+        """Attributes of the object at ``name`` (``""``: the root) as plain data."""
+        obj = self.handle[name] if name else self.handle
+        return self.guard(lambda: {key: attr_value(value) for key, value in obj.attrs.items()}, name or None)
+
+    def slice(self, name: str, index: tuple[Any, ...] = ()) -> np.ndarray:
+        """``dataset[index]`` in native byte order (``()``: the whole dataset)."""
+        data = np.asarray(self.guard(lambda: self.handle[name][index], name))
+        if not data.dtype.isnative:
+            data = data.astype(data.dtype.newbyteorder("="))
+        return data
+
+
+class RolloutReader(H5Input):
+    """An open, audited, validated rollout file.
+
+    ``read(name, start, stop)`` returns the env slice ``[start:stop]`` of a field as stored (native byte order);
+    ``array`` / ``tensor`` return it normalised by the field's row (:mod:`rolloutcli.fields`): a trailing 1
+    dropped, flags uint8 0/1, rewards/values/last_values/advantages/returns float32, others as stored.
+    ``read_steps(name, start, stop)`` returns steps ``[start:stop]`` of all envs, normalised the same way.
     """
 
     def __init__(
@@ -50,12 +136,10 @@ class RolloutReader:
         check: bool = True,
         budget: int = DEFAULT_MAX_MEMORY,
     ) -> None:
-        self.path = Path(path)
+        super().__init__(path, options)
         self.budget = budget
-        self._stack = contextlib.ExitStack()
-        self.handle: h5py.File = self._stack.enter_context(open_hdf5(self.path, options))
         try:
-            schema, problems = self._guard(lambda: describe(self.path, self.handle))
+            schema, problems = describe(self.path, self.datasets, self.attrs)
             if problems or schema is None:
                 raise RolloutError.many(self.path, problems, exit_code=EXIT_BAD_DATA)
             self.schema: RolloutSchema = schema
@@ -65,15 +149,6 @@ class RolloutReader:
             self.close()
             raise
 
-    def __enter__(self) -> RolloutReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._stack.close()
-
     @property
     def T(self) -> int:
         return self.schema.T
@@ -82,62 +157,36 @@ class RolloutReader:
     def N(self) -> int:
         return self.schema.N
 
-    def _guard(self, fn, field: str | None = None):  # noqa: ANN001, ANN202 - internal trampoline
-        try:
-            return fn()
-        except RolloutError:
-            raise
-        except HDF5_ERRORS as exc:
-            raise translate_hdf5_error(self.path, exc, field) from exc
-
     def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Env slice ``[start:stop]`` of field ``name`` as stored (native byte order)."""
         spec = self.schema.fields[name]
-        stop = self.N if stop is None else stop
-        dataset = self.handle[name]
         if spec.env_axis is None:
-            data = self._guard(lambda: dataset[()], name)
-        else:
-            index = [slice(None)] * len(spec.shape)
-            index[spec.env_axis] = slice(start, stop)
-            data = self._guard(lambda: dataset[tuple(index)], name)
-        data = np.asarray(data)
-        if not data.dtype.isnative:
-            data = data.astype(data.dtype.newbyteorder("="))
-        return data
+            return self.slice(name)
+        index: list[slice] = [slice(None)] * len(spec.shape)
+        index[spec.env_axis] = slice(start, self.N if stop is None else stop)
+        return self.slice(name, tuple(index))
+
+    def _normalise(self, name: str, data: np.ndarray) -> np.ndarray:
+        spec = self.schema.fields[name]
+        dtype, shape = spec.loaded(data.shape[spec.env_axis] if spec.env_axis is not None else 0)
+        row = spec.row
+        if row is not None and row.trailing_one and data.ndim > len(shape) and data.shape[-1] == 1:
+            data = data[..., 0]
+        if row is not None and row.flag:
+            data = data != 0
+        return np.ascontiguousarray(data.astype(dtype, copy=False))
 
     def array(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Normalised C-contiguous numpy array of a field's env slice (the dtypes and shapes of ``tensor``)."""
-        spec = self.schema.fields[name]
-        data = self.read(name, start, stop)
-        role = spec.role
-        if role in SCALAR_FIELDS and data.ndim == 3:
-            data = data[..., 0]
-        if role == "last_values" and data.ndim == 2:
-            data = data[:, 0]
-        if role in FLAG_FIELDS:
-            data = (data != 0).astype(np.uint8)
-        elif role in FLOAT_COMPUTE_FIELDS or role in ("advantages", "returns"):
-            data = data.astype(np.float32, copy=False)  # float16 inputs upcast; GAE never runs in float16
-        return np.ascontiguousarray(data)
+        """Normalised C-contiguous numpy array of a field's env slice."""
+        return self._normalise(name, self.read(name, start, stop))
+
+    def read_steps(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Steps ``[start:stop]`` of all envs of a ``[T, ...]`` field, normalised (one contiguous read)."""
+        return self._normalise(name, self.slice(name, (slice(start, stop),)))
 
     def normalized(self, name: str, start: int = 0, stop: int | None = None) -> tuple[np.dtype, tuple[int, ...]]:
         """The dtype and shape :meth:`array` returns for this env slice, from the metadata alone (no read)."""
-        spec = self.schema.fields[name]
-        shape = list(spec.shape)
-        if spec.env_axis is not None and shape:
-            shape[spec.env_axis] = (self.N if stop is None else stop) - start
-        role = spec.role
-        if role in SCALAR_FIELDS and len(shape) == 3 and shape[2] == 1:
-            shape = shape[:2]
-        if role == "last_values" and len(shape) == 2 and shape[1] == 1:
-            shape = shape[:1]
-        dtype = spec.dtype.newbyteorder("=") if not spec.dtype.isnative else spec.dtype
-        if role in FLAG_FIELDS:
-            dtype = np.dtype(np.uint8)
-        elif role in FLOAT_COMPUTE_FIELDS or role in ("advantages", "returns"):
-            dtype = np.dtype(np.float32)
-        return np.dtype(dtype), tuple(shape)
+        return self.schema.fields[name].loaded((self.N if stop is None else stop) - start)
 
     def arrays(self, names: Iterable[str], start: int = 0, stop: int | None = None) -> dict[str, np.ndarray]:
         return {name: self.array(name, start, stop) for name in names}
@@ -150,65 +199,61 @@ class RolloutReader:
 
         return torch.from_numpy(self.array(name, start, stop)).to(device)
 
-    def tensors(
-        self, names: Iterable[str], start: int = 0, stop: int | None = None, device: torch.device | str = "cpu"
-    ) -> dict[str, torch.Tensor]:
-        return {name: self.tensor(name, start, stop, device) for name in names}
-
     def blocks(self, names: Sequence[str], budget: int | None = None) -> list[tuple[int, int]]:
         """Env blocks such that reading ``names`` for one block stays within ``budget`` bytes."""
         per_env = sum(self.schema.fields[n].bytes_per_env() for n in names)
         return env_blocks(self.N, per_env, self.budget if budget is None else budget)
 
+    def distribution_order(self) -> list[str]:
+        """Distribution parameter names in tuple order (the group's ``order`` attribute, else by name)."""
+        names = sorted(n.split("/", 1)[1] for n in self.schema.names("distribution"))
+        declared = self.attrs_of("distribution").get("order") if names else None
+        if isinstance(declared, list | tuple):
+            ordered = [d.decode("utf-8", "replace") if isinstance(d, bytes) else str(d) for d in declared]
+            if sorted(ordered) == names:
+                return ordered
+        return names
+
     def check_values(self) -> None:
         """Stream env blocks and raise one ``RolloutError`` listing every value problem."""
         fields = self.schema.fields
-        names = [n for n in ("rewards", "values", "last_values", "dones", "time_outs") if n in fields]
+        finite = [f.name for f in by_flag(finite=True) if f.name in fields]
+        flags = [f.name for f in by_flag(flag=True) if f.name in fields]
         counts: dict[str, int] = {}
-        for start, stop in self.blocks(names):
-            block = {n: self.read(n, start, stop) for n in names}
-            for name in ("rewards", "values", "last_values"):
-                if name in block and block[name].dtype.kind == "f":
-                    counts[f"nonfinite:{name}"] = counts.get(f"nonfinite:{name}", 0) + int(
-                        np.count_nonzero(~np.isfinite(block[name]))
-                    )
-            for name in FLAG_FIELDS:
-                if name in block:
-                    data = block[name]
-                    if data.dtype.kind != "b":
-                        counts[f"flag:{name}"] = counts.get(f"flag:{name}", 0) + int(
-                            np.count_nonzero((data != 0) & (data != 1))
-                        )
+
+        def add(key: str, count: int) -> None:
+            counts[key] = counts.get(key, 0) + count
+
+        for start, stop in self.blocks([*finite, *flags]):
+            block = {n: self.read(n, start, stop) for n in (*finite, *flags)}
+            for name in finite:
+                if block[name].dtype.kind == "f":
+                    add(name, int(np.count_nonzero(~np.isfinite(block[name]))))
+            for name in flags:
+                if block[name].dtype.kind != "b":
+                    add(name, int(np.count_nonzero((block[name] != 0) & (block[name] != 1))))
             if "time_outs" in block:
-                time_outs = block["time_outs"].reshape(-1) != 0
-                orphan = time_outs & (block["dones"].reshape(-1) == 0)
-                counts["orphan"] = counts.get("orphan", 0) + int(np.count_nonzero(orphan))
-        problems = []
-        for name in ("rewards", "values", "last_values"):
-            found = counts.get(f"nonfinite:{name}", 0)
-            if found:
-                problems.append(
-                    problem_line(
-                        self.path,
-                        name,
-                        "finite numbers",
-                        f"{found} NaN/Inf values",
-                        "Fix the recorder or drop the affected envs.",
-                    )
-                )
-        for name in FLAG_FIELDS:
-            found = counts.get(f"flag:{name}", 0)
-            if found:
-                problems.append(
-                    problem_line(
-                        self.path,
-                        name,
-                        "only 0 and 1",
-                        f"{found} other values",
-                        "Store episode-end flags as bool or 0/1.",
-                    )
-                )
-        if counts.get("orphan", 0):
+                orphan = (block["time_outs"].reshape(-1) != 0) & (block["dones"].reshape(-1) == 0)
+                add("orphan", int(np.count_nonzero(orphan)))
+        problems = [
+            problem_line(
+                self.path,
+                n,
+                "finite numbers",
+                f"{counts[n]} NaN/Inf values",
+                "Fix the recorder or drop the affected envs.",
+            )
+            for n in finite
+            if counts.get(n)
+        ]
+        problems += [
+            problem_line(
+                self.path, n, "only 0 and 1", f"{counts[n]} other values", "Store episode-end flags as bool or 0/1."
+            )
+            for n in flags
+            if counts.get(n)
+        ]
+        if counts.get("orphan"):
             problems.append(
                 problem_line(
                     self.path,
@@ -220,15 +265,3 @@ class RolloutReader:
             )
         if problems:
             raise RolloutError.many(self.path, problems, exit_code=EXIT_BAD_DATA)
-
-
-@contextlib.contextmanager
-def open_rollout(
-    path: Path | str, options: SafetyOptions | None = None, *, check: bool = True, budget: int = DEFAULT_MAX_MEMORY
-) -> Iterator[RolloutReader]:
-    """Open, audit and validate ``path``; yields a ``RolloutReader``."""
-    reader = RolloutReader(path, options, check=check, budget=budget)
-    try:
-        yield reader
-    finally:
-        reader.close()

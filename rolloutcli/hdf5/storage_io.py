@@ -1,34 +1,54 @@
-"""``RolloutStorage.from_hdf5`` / ``to_hdf5``: a whole rollout file to and from a storage object."""
+"""A whole rollout file to and from a dict of tensors keyed by dataset path (``RolloutStorage``'s I/O).
+
+``read_rollout`` goes through the same front door as every command (``RolloutReader``: regular-file check,
+metadata probe in a child process, audit, limits, value checks); ``write_rollout`` writes through
+``RolloutOutput`` into a temporary file renamed when complete. Neither knows ``RolloutStorage``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file
+from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.safety import HDF5_ERRORS, SafetyOptions, translate_hdf5_error
-from rolloutcli.hdf5.writer import create_file, write_attrs, write_dataset
+from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION
+from rolloutcli.hdf5.writer import RolloutOutput
 
 if TYPE_CHECKING:
-    from rolloutcli.storage import RolloutStorage
+    import torch
 
-DISTRIBUTION_ORDER_ATTR = "order"  # on the `distribution` group: parameter names in RSL-RL's tuple order
+
+@dataclass
+class Rollout:
+    """What ``read_rollout`` returns.
+
+    Attributes:
+        tensors: every field of the file (extras excluded), normalised as
+            :mod:`rolloutcli.fields` says (scalars ``[T, n]``, flags uint8), keyed by dataset path.
+        T, N: steps and envs (N of the env slice read).
+        observations: observation group -> dataset path.
+        hidden: ``"actor"``/``"critic"`` -> dataset paths (h[, c]).
+        distribution: distribution parameter names in tuple order.
+        attrs: the file's root attributes.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    T: int
+    N: int
+    observations: dict[str, str] = field(default_factory=dict)
+    hidden: dict[str, list[str]] = field(default_factory=dict)
+    distribution: list[str] = field(default_factory=list)
+    attrs: dict[str, Any] = field(default_factory=dict)
 
 
 def distribution_order(reader: RolloutReader) -> list[str]:
-    """Distribution parameter names in tuple order (the group's ``order`` attribute, else by name)."""
-    names = sorted(n.split("/", 1)[1] for n in reader.schema.names("distribution"))
-    group = reader.handle.get("distribution")
-    declared = group.attrs.get(DISTRIBUTION_ORDER_ATTR) if group is not None else None
-    if declared is not None:
-        ordered = [d.decode() if isinstance(d, bytes) else str(d) for d in declared]
-        if sorted(ordered) == names:
-            return ordered
-    return names
+    """Distribution parameter names in tuple order (see ``RolloutReader.distribution_order``)."""
+    return reader.distribution_order()
 
 
 def _env_range(envs: slice | None, num_envs: int, path: Path) -> tuple[int, int]:
@@ -44,97 +64,47 @@ def _env_range(envs: slice | None, num_envs: int, path: Path) -> tuple[int, int]
     return start, stop
 
 
-def load_storage(
-    cls: type[RolloutStorage],
-    path: Path,
-    device: str | torch.device,
-    envs: slice | None,
-    training_type: str | None,
-    allow_external: bool,
-) -> RolloutStorage:
-    """Read every field of ``path`` (env slice ``envs``) into a new storage of type ``cls``."""
-    with RolloutReader(path, SafetyOptions(allow_external=allow_external)) as reader:
+def read_rollout(
+    path: Path | str,
+    device: str | torch.device = "cpu",
+    envs: slice | None = None,
+    options: SafetyOptions | None = None,
+) -> Rollout:
+    """Read every field of ``path`` (env slice ``envs``) as tensors on ``device``."""
+    path = Path(path)
+    with RolloutReader(path, options or SafetyOptions()) as reader:
         schema = reader.schema
         start, stop = _env_range(envs, schema.N, path)
-
-        def get(name: str) -> torch.Tensor:
-            return reader.tensor(name, start, stop, device)
-
-        if training_type is None:
-            training_type = (
-                "distillation" if "privileged_actions" in schema.fields and "values" not in schema.fields else "rl"
-            )
-        observations = {key: get(name) for key, name in schema.observation_keys.items()}
-        actions = get("actions")
-        example = {key: value[0] for key, value in observations.items()}
-        storage = cls(training_type, stop - start, schema.T, example, tuple(actions.shape[2:]), device)
-        for key, value in observations.items():
-            storage.observations[key].copy_(value)
-        storage.actions = actions
-        storage.rewards = get("rewards").unsqueeze(-1)
-        storage.dones = get("dones").unsqueeze(-1)
-        if "time_outs" in schema.fields:
-            storage.time_outs = get("time_outs").unsqueeze(-1)
-        if "last_values" in schema.fields:
-            storage.last_values = get("last_values").unsqueeze(-1)
-        if "privileged_actions" in schema.fields:
-            storage.privileged_actions = get("privileged_actions")
-        if training_type == "rl":
-            for name in ("values", "actions_log_prob", "advantages", "returns"):
-                if name in schema.fields:
-                    setattr(storage, name, get(name).unsqueeze(-1))
-            names = distribution_order(reader)
-            storage.distribution_names = names
-            storage.distribution_params = tuple(get(f"distribution/{n}") for n in names) if names else None
-        for net, attribute in (("actor", "saved_hidden_state_a"), ("critic", "saved_hidden_state_c")):
-            paths = schema.hidden.get(net)
-            if paths:
-                setattr(storage, attribute, [get(p) for p in paths])
-        storage.attrs = dict(schema.attrs)
-        storage.step = schema.T
-        return storage
+        fields = [name for name, spec in schema.fields.items() if spec.role != "extra"]
+        tensors = {name: reader.tensor(name, start, stop, device) for name in fields}
+        return Rollout(
+            tensors,
+            schema.T,
+            stop - start,
+            dict(schema.observation_keys),
+            {net: list(paths) for net, paths in schema.hidden.items()},
+            reader.distribution_order(),
+            dict(schema.attrs),
+        )
 
 
-def storage_tensors(storage: RolloutStorage) -> dict[str, torch.Tensor]:
-    """Every field of a storage keyed by its rollout-file path (scalars as ``[T, N]``)."""
-    tensors: dict[str, torch.Tensor] = {}
-    for key in storage.observations.keys():
-        tensors[f"observations/{key}"] = storage.observations[key]
-    tensors["actions"] = storage.actions
-    tensors["rewards"] = storage.rewards.squeeze(-1)
-    tensors["dones"] = storage.dones.squeeze(-1).to(torch.uint8)
-    for name in ("time_outs",):
-        value = getattr(storage, name, None)
-        if value is not None:
-            tensors[name] = value.squeeze(-1).to(torch.uint8)
-    if storage.last_values is not None:
-        tensors["last_values"] = storage.last_values.reshape(-1)
-    if storage.training_type == "distillation" or getattr(storage, "privileged_actions", None) is not None:
-        tensors["privileged_actions"] = storage.privileged_actions
-    if storage.training_type == "rl":
-        for name in ("values", "actions_log_prob", "advantages", "returns"):
-            tensors[name] = getattr(storage, name).squeeze(-1)
-        params = storage.distribution_params or ()
-        names = storage.distribution_names or [f"param{i}" for i in range(len(params))]
-        for name, param in zip(names, params, strict=True):
-            tensors[f"distribution/{name}"] = param
-    for net, states in (("actor", storage.saved_hidden_state_a), ("critic", storage.saved_hidden_state_c)):
-        for index, state in enumerate(states or ()):
-            tensors[f"hidden_states/{net}/{index}"] = state
-    return tensors
+def write_rollout(
+    path: Path | str,
+    tensors: Mapping[str, Any],
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    group_attrs: Mapping[str, Mapping[str, Any]] | None = None,
+    overwrite: bool = False,
+) -> None:
+    """Write ``tensors`` (keyed by dataset path) as a rollout file at ``path``, stamped with the format.
 
-
-def save_storage(storage: RolloutStorage, path: Path, *, overwrite: bool) -> None:
-    """Write ``storage`` as a rollout file at ``path`` (temporary file, then atomic rename)."""
-    tensors = storage_tensors(storage)
-    attrs: dict[str, Any] = {k: v for k, v in storage.attrs.items() if k not in ("rolloutcli_format", "format_version")}
-    with atomic_file(path, overwrite=overwrite) as tmp:
-        try:
-            with create_file(tmp) as handle:
-                write_attrs(handle, attrs)
-                for name, value in tensors.items():
-                    write_dataset(handle, name, value)
-                if storage.distribution_names:
-                    handle["distribution"].attrs["order"] = storage.distribution_names
-        except HDF5_ERRORS as exc:
-            raise translate_hdf5_error(path, exc) from exc
+    ``group_attrs`` sets attributes on groups the datasets create (e.g. ``{"distribution": {"order": [...]}}``).
+    """
+    path = Path(path)
+    stamp = {"rolloutcli_format": FORMAT_NAME, "format_version": FORMAT_VERSION}
+    with atomic_file(path, overwrite=overwrite) as tmp, RolloutOutput(tmp, path) as out:
+        out.set_attrs({**stamp, **{k: v for k, v in (attrs or {}).items() if k not in stamp}})
+        for name, value in tensors.items():
+            out.put(name, value)
+        for group, values in (group_attrs or {}).items():
+            out.set_attrs(values, group)

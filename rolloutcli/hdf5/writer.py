@@ -1,23 +1,37 @@
-"""Write rollout files: whole tensors, streamed env blocks, and untouched datasets copied verbatim.
+"""Write HDF5 outputs: the output half of the front door (no pipeline holds an h5py object).
 
-Callers write into the temporary path yielded by ``atomic.atomic_file``; nothing here writes to a
-final name. ``copy_datasets`` uses HDF5 object copy, which moves the stored (possibly compressed)
-chunks without decoding them.
+``RolloutOutput`` is a new file at the temporary path that ``atomic.atomic_file`` yields: it creates datasets,
+writes blocks, copies untouched datasets verbatim from its source (HDF5 object copy moves the stored,
+possibly compressed chunks without decoding them), copies attributes with their object references re-pointed
+into the output, and translates every libhdf5 failure itself: an operating-system fault (disk full...) is an
+I/O error of the output (exit 3), a failed object copy is a read error of the source (its chunks are read),
+anything else libhdf5 refuses is an error writing the output, never blamed on the input.
+
+The helpers at the end (``open_for_update``, ``create_empty``, ``write_env_block``) add datasets to a copy
+of a file (``gae``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import h5py
 import numpy as np
 
-from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION
+from rolloutcli.errors import EXIT_IO, RolloutError
+from rolloutcli.hdf5.safety import HDF5_ERRORS, system_errno, translate_write_error
 
 if TYPE_CHECKING:  # tensors are recognised by duck typing: `gae` on the CPU never imports torch
     import torch
+
+    from rolloutcli.hdf5.reader import H5Input
+
+R = TypeVar("R")
+# libhdf5 reports write-side failures as these (shape or dtype mistakes of the caller raise others: bugs)
+_OUTPUT_ERRORS = (OSError, RuntimeError, MemoryError)
 
 
 def to_numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -30,46 +44,172 @@ def to_numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
     return np.asarray(value)
 
 
-def create_file(path: Any) -> h5py.File:
-    """Open a fresh output file (the temporary path of an atomic output) and stamp the format."""
-    handle = h5py.File(path, "w", libver=("earliest", "latest"))
-    handle.attrs["rolloutcli_format"] = FORMAT_NAME
-    handle.attrs["format_version"] = FORMAT_VERSION
-    return handle
+def _access(low: int) -> h5py.h5p.PropFAID:
+    """File access from format ``low`` on, without HDF5's sieve buffer.
 
-
-def _no_sieve_access() -> h5py.h5p.PropFAID:
-    """File access without HDF5's 1 MiB sieve buffer.
-
-    Streamed outputs are written as strided slabs (``[:, m0:m1]`` of a contiguous ``[L, M, ...]``); with the
-    sieve buffer on, libhdf5 reads back and rewrites the bytes around each run (measured: 1.6-2x slower).
+    Streamed outputs are written as strided slabs (``[:, m0:m1]`` of a contiguous ``[L, M, ...]``); the sieve
+    buffer would read back and rewrite the bytes around each run.
     """
     access = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    access.set_libver_bounds(h5py.h5f.LIBVER_EARLIEST, h5py.h5f.LIBVER_LATEST)
+    access.set_libver_bounds(low, h5py.h5f.LIBVER_LATEST)
     access.set_sieve_buf_size(0)
     return access
 
 
-def create_output(path: Any) -> h5py.File:
-    """Open a fresh, empty output file (the temporary path of an atomic output)."""
-    return h5py.File(h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_TRUNC, fapl=_no_sieve_access()))
+class RolloutOutput:
+    """A new HDF5 file at ``tmp`` (published at ``dst`` by the caller's ``atomic_file``).
+
+    Written in the HDF5 1.8 format or later: its dense attribute storage holds attributes over 64 KiB, which
+    valid inputs may carry. ``source`` (an open ``H5Input``) is where ``copy`` and ``copy_attrs`` read from.
+    """
+
+    def __init__(self, tmp: Path | str, dst: Path | str, source: H5Input | None = None) -> None:
+        self.dst, self.source = Path(dst), source
+        self.file = self._do(
+            lambda: h5py.File(h5py.h5f.create(os.fsencode(tmp), h5py.h5f.ACC_TRUNC, fapl=_access(h5py.h5f.LIBVER_V18)))
+        )
+
+    def __enter__(self) -> RolloutOutput:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if kind is None:
+            self._do(self.file.close)
+        else:
+            try:
+                self.file.close()
+            except HDF5_ERRORS:
+                pass  # the exception already on its way says what went wrong first
+
+    def _do(self, fn: Callable[[], R]) -> R:
+        try:
+            return fn()
+        except _OUTPUT_ERRORS as exc:
+            if system_errno(exc) is not None or isinstance(exc, MemoryError):
+                raise translate_write_error(self.dst, exc) from exc
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise RolloutError(
+                f"{self.dst}: cannot write the output ({first}); nothing was written.", exit_code=EXIT_IO
+            ) from exc
+
+    def _source(self) -> H5Input:
+        assert self.source is not None, "this output has no source to copy from"
+        return self.source
+
+    def create(self, name: str, shape: tuple[int, ...], dtype: Any = None, *, like: str | None = None) -> None:
+        """Create an empty dataset; ``like``: take the dtype of this source dataset (byte order and committed
+        datatype included, when that datatype was copied with :meth:`copy`)."""
+        if like is not None:
+            dtype = self._stored_type(like)
+        self._do(lambda: self.file.create_dataset(name, shape=shape, dtype=dtype))
+
+    def _stored_type(self, name: str) -> Any:
+        source = self._source()
+        stored = source.guard(lambda: source.handle[name].id.get_type(), name)
+        if stored.committed():
+            path = h5py.h5i.get_name(stored).decode("utf-8", "surrogateescape").lstrip("/")
+            if path in self.file and isinstance(self.file[path], h5py.Datatype):
+                return self.file[path]
+        return source.datasets[name].dtype
+
+    def write(self, name: str, index: tuple[Any, ...], value: torch.Tensor | np.ndarray) -> None:
+        """``dataset[index] = value``."""
+        array = to_numpy(value)
+        self._do(lambda: self.file[name].__setitem__(index, array))
+
+    def put(self, name: str, value: torch.Tensor | np.ndarray) -> None:
+        """Write one whole dataset (creating intermediate groups)."""
+        array = to_numpy(value)
+        self._do(lambda: self.file.create_dataset(name, data=array))
+
+    def set_attrs(self, attrs: Mapping[str, Any], name: str = "") -> None:
+        """Set attributes of the object at ``name`` (``""``: the root); None values are skipped."""
+        obj = self.file[name] if name else self.file
+        for key, value in attrs.items():
+            if value is not None:
+                self._do(lambda key=key, value=value: obj.attrs.__setitem__(key, value))
+
+    def delete_attrs(self, keys: Iterable[str], name: str = "") -> None:
+        obj = self.file[name] if name else self.file
+        for key in keys:
+            if key in obj.attrs:
+                self._do(lambda key=key: obj.attrs.__delitem__(key))
+
+    def copy(self, names: Iterable[str], rename: Callable[[str], str] = str) -> None:
+        """Copy datasets (or named datatypes) of the source verbatim: stored chunks, filters, attributes."""
+        source = self._source()
+        for name in names:
+            target = rename(name)
+            parent, _, leaf = target.rpartition("/")
+            group = self._do(lambda parent=parent: self.file.require_group(parent) if parent else self.file)
+            try:
+                source.handle.copy(source.handle[name], group, name=leaf)
+            except (*HDF5_ERRORS, MemoryError) as exc:
+                raise translate_write_error(self.dst, exc, source.path) from exc
+
+    def copy_attrs(self, rename: Callable[[str], str | None] = str) -> list[str]:
+        """Copy the attributes of every source object (root, groups, datasets, named datatypes) onto the output
+        object at ``rename(path)`` when there is one. Object references are re-pointed at the output's object
+        of the renamed path; an attribute holding a reference with no such object (or a region reference) is
+        not copied. Returns those attributes, as ``path@name``."""
+        source, dropped = self._source(), []
+        names = [""]
+        source.guard(lambda: source.handle.visit(names.append))
+        for name in names:
+            target = rename(name)
+            if target is None or (target and target not in self.file):
+                continue
+            obj, out = (source.handle[name] if name else source.handle), (self.file[target] if target else self.file)
+            for key in source.guard(lambda obj=obj: list(obj.attrs), name or None):
+                attr = source.guard(lambda obj=obj, key=key: obj.attrs.get_id(key), name or None)
+                value = source.guard(lambda obj=obj, key=key: obj.attrs[key], name or None)
+                value = _repoint(value, source.handle, self.file, rename)
+                if value is _DANGLING:  # an object copy brought it along, pointing into the source: remove it
+                    dropped.append(f"{name or '/'}@{key}")
+                    self.delete_attrs([key], target)
+                    continue
+                dtype = attr.dtype
+                self._do(lambda out=out, key=key, value=value, dtype=dtype: out.attrs.create(key, value, dtype=dtype))
+        return dropped
+
+
+_DANGLING = object()
+
+
+def _repoint(value: Any, source: h5py.File, out: h5py.File, rename: Callable[[str], str | None]) -> Any:
+    """``value`` with every object reference into ``source`` replaced by one to the renamed object of ``out``;
+    ``_DANGLING`` when one cannot be (no such object, a region reference)."""
+    if isinstance(value, h5py.RegionReference):
+        return _DANGLING
+    if isinstance(value, h5py.Reference):
+        if not value:
+            return value
+        target = rename(source[value].name.lstrip("/"))
+        return out[target].ref if target is not None and (target == "" or target in out) else _DANGLING
+    if isinstance(value, np.ndarray) and value.dtype.names:
+        copy = value.copy()
+        for field in value.dtype.names:
+            part = _repoint(value[field], source, out, rename)
+            if part is _DANGLING:
+                return _DANGLING
+            copy[field] = part
+        return copy
+    if isinstance(value, np.ndarray) and value.dtype.kind == "O":  # variable-length data: arrays of arrays
+        copy = np.empty(value.shape, dtype=object)
+        for index, item in np.ndenumerate(value):
+            copy[index] = part = _repoint(item, source, out, rename)
+            if part is _DANGLING:
+                return _DANGLING
+        return copy
+    return value
+
+
+# ------------------------------------------------------------------------------ adding datasets to a copy (gae)
 
 
 def open_for_update(path: Any) -> h5py.File:
     """Open our own temporary copy of a file for adding datasets (never an input)."""
-    return h5py.File(h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDWR, fapl=_no_sieve_access()))
-
-
-def write_attrs(handle: h5py.File, attrs: Mapping[str, Any]) -> None:
-    """Set root attributes (None values are skipped)."""
-    for key, value in attrs.items():
-        if value is not None:
-            handle.attrs[key] = value
-
-
-def write_dataset(handle: h5py.File, name: str, value: torch.Tensor | np.ndarray, **options: Any) -> None:
-    """Write one whole dataset (creating intermediate groups)."""
-    handle.create_dataset(name, data=to_numpy(value), **options)
+    return h5py.File(h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDWR, fapl=_access(h5py.h5f.LIBVER_EARLIEST)))
 
 
 def create_empty(
@@ -96,23 +236,5 @@ def write_env_block(
     """Write ``value`` into the env slice ``[start:stop]`` along ``env_axis``."""
     index: list[slice] = [slice(None)] * dataset.ndim
     index[env_axis] = slice(start, stop)
-    array = to_numpy(value)
-    dataset[tuple(index)] = array.reshape(_slice_shape(dataset.shape, env_axis, stop - start))
-
-
-def _slice_shape(shape: tuple[int, ...], axis: int, count: int) -> tuple[int, ...]:
-    return (*shape[:axis], count, *shape[axis + 1 :])
-
-
-def copy_datasets(source: h5py.File, target: h5py.File, names: Iterable[str]) -> None:
-    """Copy datasets verbatim (stored chunks, filters, attributes) with HDF5 object copy."""
-    for name in names:
-        parent = name.rsplit("/", 1)[0] if "/" in name else ""
-        if parent:
-            target.require_group(parent)
-        source.copy(source[name], target[parent] if parent else target, name=name.rsplit("/", 1)[-1])
-
-
-def copy_root_attrs(source: h5py.File, target: h5py.File) -> None:
-    for key, value in source.attrs.items():
-        target.attrs[key] = value
+    shape = (*dataset.shape[:env_axis], stop - start, *dataset.shape[env_axis + 1 :])
+    dataset[tuple(index)] = to_numpy(value).reshape(shape)

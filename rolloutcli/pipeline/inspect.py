@@ -12,13 +12,14 @@ from typing import Any
 
 from rolloutcli.core.stats import EpisodeStats, Moments
 from rolloutcli.errors import RolloutError
+from rolloutcli.fields import by_flag
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import NoProgress, Progress
 
 BLOWUP_WARNING = 10.0  # padded size / input size above which split warns
 GAE_ATTRS = ("gae_gamma", "gae_lambda", "advantages_normalized", "timeouts_bootstrapped", "last_values_mode")
-MOMENT_FIELDS = ("rewards", "values", "last_values", "advantages", "returns")
+MOMENT_FIELDS = tuple(f.name for f in by_flag(load_dtype="float32"))  # rewards, values, ..., returns
 
 
 def padded_split_bytes(reader: RolloutReader, trajectories: int) -> tuple[int, int]:
@@ -53,24 +54,23 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
             reader.check_values()
         except RolloutError as error:
             warnings.extend(error.problems)
-        names = [n for n in ("dones", "time_outs", *MOMENT_FIELDS) if n in schema.fields and n != "last_values"]
-        blocks = reader.blocks(names)
+        steps = [n for n in ("dones", "time_outs", *MOMENT_FIELDS) if n in schema.fields and n != "last_values"]
+        blocks = reader.blocks(steps)
         episodes: EpisodeStats | None = None
         moments: dict[str, Moments] = {}
         progress.start("inspect", len(blocks))
         for start, stop in blocks:
-            dones = reader.tensor("dones", start, stop)
-            time_outs = reader.tensor("time_outs", start, stop) if "time_outs" in schema.fields else None
-            block = EpisodeStats.of(dones, time_outs)
-            episodes = block if episodes is None else episodes.merge(block)
-            for name in MOMENT_FIELDS:
-                if name in schema.fields and name != "last_values":
-                    value = Moments.of(reader.tensor(name, start, stop))
+            block = reader.arrays(steps, start, stop)
+            stats = EpisodeStats.of(block["dones"], block.get("time_outs"))
+            episodes = stats if episodes is None else episodes.merge(stats)
+            for name in steps[1:]:
+                if name != "time_outs":
+                    value = Moments.of(block[name])
                     moments[name] = moments[name].merge(value) if name in moments else value
             progress.advance()
         progress.finish()
         if "last_values" in schema.fields:
-            moments["last_values"] = Moments.of(reader.tensor("last_values"))
+            moments["last_values"] = Moments.of(reader.array("last_values"))
         assert episodes is not None
         input_bytes, padded_bytes = padded_split_bytes(reader, episodes.trajectories)
         blowup = padded_bytes / max(input_bytes, 1)

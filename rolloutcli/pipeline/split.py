@@ -11,13 +11,16 @@ Split output layout (``rolloutcli_format = "trajectories"``):
 | ``rollout/hidden_states/<actor|critic>/<i>`` | ``[T, layers, N, H]`` | recorded states, verbatim (for unpad) |
 | any other dataset (``last_values``, extras) | as stored | copied verbatim |
 
-Fields are moved as raw bytes (each row viewed as ``uint8``), so every dtype round-trips bit for bit.
+Every attribute (root, groups such as ``distribution@order``, datasets) is kept, with object references
+re-pointed into the output; dtypes keep their byte order and committed datatypes. ``--unpad`` restores all of
+it. Fields are moved as raw bytes (each row viewed as ``uint8``), so every dtype round-trips bit for bit.
 The plan of each env block is computed once from its dones and applied to every field; the padded
 buffers are allocated once (sized for the largest block) and cleared after each use.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +42,9 @@ from rolloutcli.core.trajectories import (
 )
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_line
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
-from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.safety import HDF5_ERRORS, open_hdf5, translate_hdf5_error, translate_write_error
-from rolloutcli.hdf5.schema import FORMAT_NAME, list_datasets
-from rolloutcli.hdf5.writer import copy_datasets, copy_root_attrs, create_output
+from rolloutcli.hdf5.reader import H5Input, RolloutReader
+from rolloutcli.hdf5.schema import FORMAT_NAME
+from rolloutcli.hdf5.writer import RolloutOutput
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import NoProgress, Progress
 
@@ -63,20 +65,22 @@ class SplitOptions:
     max_length: int | None = None
 
 
-def _split_fields(reader: RolloutReader) -> list[str]:
-    """Per-step fields, plus extra datasets laid out ``[T, N, ...]`` (split like any other field)."""
-    schema = reader.schema
-    names = schema.per_step_names()
-    for name in schema.names("extra"):
-        shape = schema.fields[name].shape
-        if len(shape) >= 2 and shape[:2] == (schema.T, schema.N):
-            names.append(name)
-    return names
-
-
 def _row_bytes(reader: RolloutReader, name: str) -> int:
     spec = reader.schema.fields[name]
     return spec.nbytes // max(spec.shape[0] * spec.shape[1], 1)
+
+
+def _to_split(name: str) -> str:
+    """Where a rollout object lands in the split file (recorded hidden states move under ``rollout/``)."""
+    return FULL_HIDDEN_PREFIX + name if name.split("/")[0] == "hidden_states" else name
+
+
+def _from_split(name: str) -> str | None:
+    """Where a split file's object lands in the restored rollout (None: split's own, derived data)."""
+    top = name.split("/")[0]
+    if name.startswith(FULL_HIDDEN_PREFIX + "hidden_states"):
+        return name[len(FULL_HIDDEN_PREFIX) :]
+    return None if top in ("rollout", "hidden_states", "masks", *SPAN_NAMES) else name
 
 
 def _as_byte_rows(array: np.ndarray) -> torch.Tensor:
@@ -127,20 +131,17 @@ def run_split(
     with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
         schema = reader.schema
         T, N = schema.T, schema.N
-        fields = _split_fields(reader)
+        fields = schema.step_names()  # the per-step fields and the extras laid out [T, N, ...]
         # Pass 1 (dones only): trajectories per env and the longest one, to size the output.
         counts = np.zeros(N, np.int64)
         longest = 0
         lengths = torch.zeros(T + 1, dtype=torch.int64)
-        episodes = None
         for start, stop in reader.blocks(["dones"]):
             dones = reader.tensor("dones", start, stop)
             spans = trajectory_spans(dones, options.max_length)
             counts[start:stop] = torch.bincount(spans.env, minlength=stop - start).numpy()
             lengths += torch.bincount(spans.length, minlength=T + 1)
             longest = max(longest, int(spans.length.max()))
-            block_stats = EpisodeStats.of(dones)
-            episodes = block_stats if episodes is None else episodes.merge(block_stats)
         M = int(counts.sum())
         # L: RSL-RL pads to T; segments of at most K steps never need more than K rows.
         L = T if options.pad_to == "rollout" else longest
@@ -158,12 +159,10 @@ def run_split(
         blocks = _plan_blocks(
             counts, T, L, sum(row_bytes.values()), sum(row_bytes.values()) + 1, max(run.max_memory // 2, 1)
         )
-        with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
-            try:
-                _write_split(reader, tmp, fields, row_bytes, counts, L, options, run, blocks, progress)
-            except HDF5_ERRORS as exc:
-                raise translate_write_error(dst, exc, src) from exc
-    summary_lengths = EpisodeStats(T, lengths).length_summary()
+        with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp, RolloutOutput(tmp, dst, reader) as out:
+            _write_split(reader, out, fields, row_bytes, counts, L, options, run, blocks, progress)
+            _finish_split(reader, out, fields, options, progress)
+    summary_lengths = EpisodeStats(T, lengths.numpy()).length_summary()
     return {
         "input": str(src),
         "output": str(dst),
@@ -185,7 +184,7 @@ def run_split(
 
 def _write_split(
     reader: RolloutReader,
-    tmp: Path,
+    out: RolloutOutput,
     fields: list[str],
     row_bytes: dict[str, int],
     counts: np.ndarray,
@@ -196,64 +195,62 @@ def _write_split(
     progress: Progress,
 ) -> None:
     schema = reader.schema
-    T, N = schema.T, schema.N
     M = int(counts.sum())
     hidden = [path for paths in schema.hidden.values() for path in paths]
-    verbatim = [name for name in schema.fields if name not in fields and name not in hidden]
+    out.copy(reader.named_types)  # first: the datasets created below may use them
+    out.copy([name for name in schema.fields if name not in fields and name not in hidden])
+    out.copy(hidden, rename=_to_split)
+    for name in fields:
+        out.create(name, (L, M, *schema.fields[name].shape[2:]), like=name)
+    out.create("masks", (L, M), bool)
+    for name in SPAN_NAMES:
+        out.create(name, (M,), np.int64)
+    for path in hidden:
+        out.create(path, (schema.fields[path].shape[1], M, schema.fields[path].shape[3]), like=path)
     first_trajectory = np.concatenate([[0], np.cumsum(counts)])
     device = run.device
     largest = max(int(counts[a:b].sum()) for a, b in blocks) * L
     buffers = {name: torch.zeros(largest * row_bytes[name], dtype=torch.uint8, device=device) for name in fields}
-    with create_output(tmp) as out:
-        copy_root_attrs(reader.handle, out)
-        copy_datasets(reader.handle, out, verbatim)
+    progress.start("split", len(blocks))
+    for start, stop in blocks:
+        m0, m1 = int(first_trajectory[start]), int(first_trajectory[stop])
+        columns = (slice(None), slice(m0, m1))
+        plan = plan_trajectories(reader.tensor("dones", start, stop, device), pad_to=L, max_length=options.max_length)
+        for name in fields:
+            rows = _as_byte_rows(reader.read(name, start, stop)).to(device)
+            view = trajectory_buffer_view(buffers[name], plan, [row_bytes[name]])
+            padded = scatter_into_trajectories(rows, plan, view, zero=False)
+            spec = schema.fields[name]
+            out.write(name, columns, _from_byte_rows(padded, spec.dtype, (L, m1 - m0, *spec.shape[2:])))
+            clear_trajectories(view, plan)  # leave the reused buffer all zeros for the next block
+        out.write("masks", columns, plan.masks())
+        spans = plan.spans
+        for name, value in zip(SPAN_NAMES, (spans.env + start, spans.start, spans.length), strict=True):
+            out.write(name, (slice(m0, m1),), value)
         for path in hidden:
-            out.require_group(FULL_HIDDEN_PREFIX + path.rsplit("/", 1)[0])
-            reader.handle.copy(
-                reader.handle[path], out[FULL_HIDDEN_PREFIX + path.rsplit("/", 1)[0]], name=path.rsplit("/", 1)[1]
-            )
-        targets = {
-            name: out.create_dataset(
-                name, shape=(L, M, *schema.fields[name].shape[2:]), dtype=schema.fields[name].dtype
-            )
-            for name in fields
+            state = torch.from_numpy(reader.read(path, start, stop)).to(device)
+            out.write(path, columns, hidden_states_at_starts(state, spans))
+        progress.advance()
+    progress.finish()
+
+
+def _finish_split(
+    reader: RolloutReader, out: RolloutOutput, fields: list[str], options: SplitOptions, progress: Progress
+) -> None:
+    """Every source attribute, then split's own root attributes."""
+    for dropped in out.copy_attrs(_to_split):
+        progress.warn(f"{reader.path}: attribute '{dropped}' refers to an object the output does not hold; dropped.")
+    out.set_attrs(
+        {
+            "rolloutcli_format": SPLIT_FORMAT,
+            "source_format": str(reader.attrs.get("rolloutcli_format", FORMAT_NAME)),
+            "source_T": reader.T,
+            "source_N": reader.N,
+            "split_pad_to": options.pad_to,
+            "split_max_length": options.max_length or 0,
+            "split_fields": fields,
         }
-        masks = out.create_dataset("masks", shape=(L, M), dtype=bool)
-        spans_out = {name: out.create_dataset(name, shape=(M,), dtype=np.int64) for name in SPAN_NAMES}
-        hidden_out = {}
-        for path in hidden:
-            layers, H = schema.fields[path].shape[1], schema.fields[path].shape[3]
-            hidden_out[path] = out.create_dataset(path, shape=(layers, M, H), dtype=schema.fields[path].dtype)
-        out.attrs["rolloutcli_format"] = SPLIT_FORMAT
-        out.attrs["source_format"] = str(schema.attrs.get("rolloutcli_format", FORMAT_NAME))
-        out.attrs["source_T"] = T
-        out.attrs["source_N"] = N
-        out.attrs["split_pad_to"] = options.pad_to
-        out.attrs["split_max_length"] = options.max_length or 0
-        out.attrs["split_fields"] = fields
-        progress.start("split", len(blocks))
-        for start, stop in blocks:
-            m0, m1 = int(first_trajectory[start]), int(first_trajectory[stop])
-            dones = reader.tensor("dones", start, stop, device)
-            plan = plan_trajectories(dones, pad_to=L, max_length=options.max_length)
-            for name in fields:
-                rows = _as_byte_rows(reader.read(name, start, stop)).to(device)
-                view = trajectory_buffer_view(buffers[name], plan, [row_bytes[name]])
-                padded = scatter_into_trajectories(rows, plan, view, zero=False)
-                targets[name][:, m0:m1] = _from_byte_rows(
-                    padded, schema.fields[name].dtype, (L, m1 - m0, *schema.fields[name].shape[2:])
-                )
-                clear_trajectories(view, plan)  # leave the reused buffer all zeros for the next block
-            masks[:, m0:m1] = plan.masks().cpu().numpy()
-            spans = plan.spans
-            spans_out["trajectory_env"][m0:m1] = (spans.env + start).cpu().numpy()
-            spans_out["trajectory_start"][m0:m1] = spans.start.cpu().numpy()
-            spans_out["trajectory_length"][m0:m1] = spans.length.cpu().numpy()
-            for path in hidden:
-                state = torch.from_numpy(reader.read(path, start, stop)).to(device)
-                hidden_out[path][:, m0:m1] = hidden_states_at_starts(state, spans).cpu().numpy()
-            progress.advance()
-        progress.finish()
+    )
 
 
 def run_unpad(
@@ -263,16 +260,10 @@ def run_unpad(
     progress = progress or NoProgress()
     started = time.perf_counter()
     check_output_path(dst, [src], overwrite=overwrite)  # before the input is read; atomic_file checks again
-    with open_hdf5(src, run.safety) as handle:
-        try:
-            layout = _split_layout(src, handle)
-        except HDF5_ERRORS as exc:
-            raise translate_hdf5_error(src, exc) from exc
-        with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
-            try:
-                _write_unpad(handle, tmp, layout, run, progress)
-            except HDF5_ERRORS as exc:
-                raise translate_write_error(dst, exc, src) from exc
+    with H5Input(src, run.safety) as source:
+        layout = _split_layout(source)
+        with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp, RolloutOutput(tmp, dst, source) as out:
+            _write_unpad(source, out, layout, run, progress)
     return {
         "input": str(src),
         "output": str(dst),
@@ -284,9 +275,9 @@ def run_unpad(
     }
 
 
-def _split_layout(path: Path, handle: Any) -> dict[str, Any]:
+def _split_layout(source: H5Input) -> dict[str, Any]:
     """Read and check the split file's layout; every problem at once."""
-    attrs = handle.attrs
+    path, attrs, datasets = source.path, source.attrs, source.datasets
     if attrs.get("rolloutcli_format") != SPLIT_FORMAT:
         raise RolloutError(
             problem_line(
@@ -298,7 +289,6 @@ def _split_layout(path: Path, handle: Any) -> dict[str, Any]:
             ),
             exit_code=EXIT_BAD_DATA,
         )
-    datasets = list_datasets(handle)
     problems = []
     sizes = {key: _positive_int(attrs.get(key)) for key in ("source_T", "source_N")}
     for key, value in sizes.items():
@@ -316,19 +306,19 @@ def _split_layout(path: Path, handle: Any) -> dict[str, Any]:
     if problems:
         raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
     T, N = int(sizes["source_T"] or 0), int(sizes["source_N"] or 0)
-    masks_shape = handle["masks"].shape
+    masks_shape = datasets["masks"].shape
     L, M = (masks_shape[0], masks_shape[1]) if len(masks_shape) == 2 else (0, -1)
     if len(masks_shape) != 2 or not 0 < L <= T or M > T * N:
         problems.append(problem_line(path, "masks", f"shape [L, M] with L <= T = {T}, M <= T*N", str(masks_shape)))
     for name in (*SPAN_NAMES, *fields):
-        shape = handle[name].shape
+        shape = datasets[name].shape
         expected = (M,) if name in SPAN_NAMES else (L, M)
         if shape[: len(expected)] != expected or (name in SPAN_NAMES and len(shape) != 1):
             text = "[M]" if name in SPAN_NAMES else "[L, M, ...]"
             problems.append(problem_line(path, name, f"shape {text} = {list(expected)}", f"shape {shape}"))
     if problems:
         raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
-    spans = TrajectorySpans(*(torch.from_numpy(handle[name][()].astype(np.int64)) for name in SPAN_NAMES))
+    spans = TrajectorySpans(*(torch.from_numpy(source.slice(name).astype(np.int64)) for name in SPAN_NAMES))
     if not _spans_tile(spans, T, N):
         problems.append(
             problem_line(
@@ -373,47 +363,36 @@ def _spans_tile(spans: TrajectorySpans, T: int, N: int) -> bool:
     return bool(follows.all()) and bool((end[last] == T).all()) and int(first.sum()) == N
 
 
-def _write_unpad(handle: Any, tmp: Path, layout: dict[str, Any], run: RunOptions, progress: Progress) -> None:
+def _write_unpad(
+    source: H5Input, out: RolloutOutput, layout: dict[str, Any], run: RunOptions, progress: Progress
+) -> None:
     T, N, L, fields, spans = layout["T"], layout["N"], layout["L"], layout["fields"], layout["spans"]
     counts = layout["counts"]
     first_trajectory = np.concatenate([[0], np.cumsum(counts)])
-    row_bytes = {
-        name: handle[name].dtype.itemsize * int(np.prod(handle[name].shape[2:], dtype=np.int64)) for name in fields
-    }
+    shapes = {name: source.datasets[name].shape[2:] for name in fields}
+    row_bytes = {name: source.datasets[name].dtype.itemsize * math.prod(shapes[name]) for name in fields}
     blocks = _plan_blocks(counts, T, L, sum(row_bytes.values()), sum(row_bytes.values()), max(run.max_memory // 2, 1))
-    skip = {*SPAN_NAMES, "masks", *fields}
-    hidden_full: list[str] = []
-    rest: list[str] = []
-
-    for name in list_datasets(handle):
-        if name not in skip:
-            (hidden_full if name.startswith(FULL_HIDDEN_PREFIX) else rest).append(name)
-    rest = [name for name in rest if not name.startswith("hidden_states/")]  # start states: derived data
-    with create_output(tmp) as out:
-        copy_root_attrs(handle, out)
-        for key in ("source_T", "source_N", "split_pad_to", "split_max_length", "split_fields", "source_format"):
-            if key in out.attrs:
-                del out.attrs[key]
-        out.attrs["rolloutcli_format"] = handle.attrs.get("source_format", FORMAT_NAME)
-        copy_datasets(handle, out, rest)
-        for name in hidden_full:
-            target = name[len(FULL_HIDDEN_PREFIX) :]
-            out.require_group(target.rsplit("/", 1)[0])
-            handle.copy(handle[name], out[target.rsplit("/", 1)[0]], name=target.rsplit("/", 1)[1])
-        targets = {
-            name: out.create_dataset(name, shape=(T, N, *handle[name].shape[2:]), dtype=handle[name].dtype)
-            for name in fields
-        }
-        progress.start("unpad", len(blocks))
-        for start, stop in blocks:
-            m0, m1 = int(first_trajectory[start]), int(first_trajectory[stop])
-            block_spans = TrajectorySpans(spans.env[m0:m1] - start, spans.start[m0:m1], spans.length[m0:m1])
-            for name in fields:
-                padded = handle[name][:, m0:m1]
-                rows = torch.from_numpy(np.ascontiguousarray(padded).reshape(L, m1 - m0, -1).view(np.uint8))
-                restored = unpad_with_spans(rows.to(run.device), block_spans, T, stop - start)
-                targets[name][:, start:stop] = _from_byte_rows(
-                    restored, handle[name].dtype, (T, stop - start, *handle[name].shape[2:])
-                )
-            progress.advance()
-        progress.finish()
+    rest = [name for name in source.datasets if name not in fields and _from_split(name) is not None]
+    out.copy(source.named_types)
+    out.copy(rest, rename=lambda name: _from_split(name) or name)
+    for name in fields:
+        out.create(name, (T, N, *shapes[name]), like=name)
+    progress.start("unpad", len(blocks))
+    for start, stop in blocks:
+        m0, m1 = int(first_trajectory[start]), int(first_trajectory[stop])
+        block_spans = TrajectorySpans(spans.env[m0:m1] - start, spans.start[m0:m1], spans.length[m0:m1])
+        for name in fields:
+            padded = source.slice(name, (slice(None), slice(m0, m1)))
+            rows = torch.from_numpy(np.ascontiguousarray(padded).reshape(L, m1 - m0, -1).view(np.uint8))
+            restored = unpad_with_spans(rows.to(run.device), block_spans, T, stop - start)
+            out.write(
+                name,
+                (slice(None), slice(start, stop)),
+                _from_byte_rows(restored, padded.dtype, (T, stop - start, *shapes[name])),
+            )
+        progress.advance()
+    progress.finish()
+    for dropped in out.copy_attrs(_from_split):
+        progress.warn(f"{source.path}: attribute '{dropped}' refers to an object the output does not hold; dropped.")
+    out.delete_attrs(["source_T", "source_N", "split_pad_to", "split_max_length", "split_fields", "source_format"])
+    out.set_attrs({"rolloutcli_format": source.attrs.get("source_format", FORMAT_NAME)})

@@ -1,0 +1,128 @@
+"""The rollout file's fields (format contract v1), as one table that every module iterates.
+
+Each row names a dataset (or a group of datasets, ``observations/<key>``) and says how it is laid out and
+loaded. Adding a field is one row here: the schema checks its shape, the reader normalises it, ``inspect``
+reports it, ``split`` pads it and ``RolloutStorage`` loads and saves it. Datasets that match no row are
+*extras*: carried along untouched (and split like any field when laid out ``[T, N, ...]``).
+
+No h5py, numpy or torch here: dtypes are numpy dtype names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Layouts: where T (time) and N (envs) sit in a field's shape.
+STEP = "[T, N, ...]"  # per-step fields: split, batch and GAE stream over them
+HIDDEN = "[T, layers, N, H]"  # recurrent state at each step
+ENV = "[N]"  # one value per env (last_values)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One row of the table.
+
+    Attributes:
+        name: HDF5 path; for a group (``group=True``) the prefix of its datasets, ``name/<key>``.
+        layout: ``STEP``, ``HIDDEN`` or ``ENV``.
+        required: ``"always"``, the command that needs it (``"gae"``, ``"distillation"``) or ``""`` (optional).
+        load_dtype: dtype every reader returns (``"float32"``, ``"uint8"``), or None to keep the stored one.
+        flag: episode-end flag: stored as bool or 0/1, loaded as uint8 0/1.
+        trailing_one: a trailing axis of size 1 is accepted on disk and dropped on load (``[T, N, 1]``).
+        finite: NaN/Inf is a data problem (checked before any command runs).
+        group: the field is a group of datasets ``name/<key>`` (observation groups, distribution parameters).
+        batch_name: the attribute of an RSL-RL ``Batch`` it feeds (None: not in a batch).
+        storage_name: the attribute of ``RolloutStorage`` that holds it (scalars there as ``[T, N, 1]``).
+    """
+
+    name: str
+    layout: str = STEP
+    required: str = ""
+    load_dtype: str | None = None
+    flag: bool = False
+    trailing_one: bool = False
+    finite: bool = False
+    group: bool = False
+    batch_name: str | None = None
+    storage_name: str | None = None
+
+    @property
+    def role(self) -> str:
+        """The field's role (the name of its row; ``observation`` for the observation groups)."""
+        return {"observations": "observation", "hidden_states": "hidden"}.get(self.name, self.name)
+
+    @property
+    def env_axis(self) -> int:
+        """Axis of N in the stored shape."""
+        return {STEP: 1, HIDDEN: 2, ENV: 0}[self.layout]
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("observations", required="always", group=True, batch_name="observations", storage_name="observations"),
+    Field("actions", required="always", batch_name="actions", storage_name="actions"),
+    Field("rewards", required="always", load_dtype="float32", trailing_one=True, finite=True, storage_name="rewards"),
+    Field(
+        "dones",
+        required="always",
+        load_dtype="uint8",
+        flag=True,
+        trailing_one=True,
+        batch_name="dones",
+        storage_name="dones",
+    ),
+    Field("time_outs", load_dtype="uint8", flag=True, trailing_one=True, storage_name="time_outs"),
+    Field(
+        "values",
+        required="gae",
+        load_dtype="float32",
+        trailing_one=True,
+        finite=True,
+        batch_name="values",
+        storage_name="values",
+    ),
+    Field(
+        "last_values",
+        layout=ENV,
+        required="gae",
+        load_dtype="float32",
+        trailing_one=True,
+        finite=True,
+        storage_name="last_values",
+    ),
+    Field("actions_log_prob", trailing_one=True, batch_name="old_actions_log_prob", storage_name="actions_log_prob"),
+    Field("distribution", group=True, batch_name="old_distribution_params", storage_name="distribution_params"),
+    Field(
+        "privileged_actions",
+        required="distillation",
+        batch_name="privileged_actions",
+        storage_name="privileged_actions",
+    ),
+    Field("hidden_states", layout=HIDDEN, group=True, batch_name="hidden_states"),
+    Field("advantages", load_dtype="float32", trailing_one=True, batch_name="advantages", storage_name="advantages"),
+    Field("returns", load_dtype="float32", trailing_one=True, batch_name="returns", storage_name="returns"),
+)
+BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+EXTRA = "extra"  # the role of a dataset that matches no row
+
+
+def field_of(path: str) -> Field | None:
+    """The row a dataset path belongs to (``observations/policy`` -> the observations row), or None (an extra).
+
+    A single dataset at ``observations`` is the observation group ``policy`` (format contract).
+    """
+    top, _, rest = path.partition("/")
+    row = BY_NAME.get(top)
+    if row is None or (row.group != bool(rest) and path != "observations"):
+        return None
+    return row
+
+
+def role_of(path: str) -> str:
+    """The role of a dataset path (its row's role, or ``extra``)."""
+    row = field_of(path)
+    return EXTRA if row is None else row.role
+
+
+def by_flag(**wanted: object) -> list[Field]:
+    """The rows whose attributes equal ``wanted`` (e.g. ``by_flag(flag=True)``), in table order."""
+    return [f for f in FIELDS if all(getattr(f, key) == value for key, value in wanted.items())]
