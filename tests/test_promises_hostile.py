@@ -319,3 +319,43 @@ def test_hostile_file_refused(hostile_report: tuple[Report, dict], case: tuple[s
     assert result["stdout_bytes"] == 0
     growth = result["maxrss_kb"] - report.baseline_kb
     assert growth < MEMORY_BOUND_KB, f"peak memory grew by {growth} KiB"
+
+
+LIBRARY_RUNNER = """
+import json, sys
+import rolloutcli.hdf5.probe as probe
+probe.DEFAULT_PROBE_TIMEOUT = float(sys.argv[1])
+from rolloutcli import RolloutError, RolloutStorage
+for line in sys.stdin:
+    try:
+        RolloutStorage.from_hdf5(line.strip())
+        result = {"code": 0, "error": ""}
+    except RolloutError as error:
+        result = {"code": error.exit_code, "error": str(error)}
+    print(json.dumps(result), flush=True)
+"""
+
+
+def test_hostile_corpus_through_from_hdf5(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 17.9: ``RolloutStorage.from_hdf5`` refuses every hostile case as the CLI does (same exit code, same
+    words), in a child process so that a libhdf5 crash or hang would show here instead of killing pytest."""
+    import json
+    import subprocess
+    import sys
+
+    cases = list(HOSTILE)
+    sources = [_build(tmp_path_factory.mktemp("library"), case, "inspect")["src"] for case in cases]
+    done = subprocess.run(
+        [sys.executable, "-c", LIBRARY_RUNNER, str(PROBE_TIMEOUT)],
+        input="".join(f"{src}\n" for src in sources),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(results) == len(cases), done.stderr[-2000:]
+    for case, result in zip(cases, results, strict=True):
+        expected, words = HOSTILE[case][1:]
+        assert (result["code"], words in result["error"]) == (expected, True), (case, result)
+        assert SECRET_TEXT not in result["error"], case

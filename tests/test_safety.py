@@ -215,3 +215,42 @@ def test_missing_file(tmp_path: Path, cli) -> None:
     code, _, err = cli("inspect", tmp_path / "nope.h5")
     assert code == 3
     assert err.strip() == f"error: {tmp_path / 'nope.h5'}: no such file. Check the path."
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [MemoryError(), OSError("Can't synchronously read data (memory allocation failed for raw data chunk)")],
+    ids=["MemoryError", "libhdf5 allocation"],
+)
+def test_out_of_memory_is_an_io_error_with_budget_advice(
+    tmp_path: Path, cli, monkeypatch: pytest.MonkeyPatch, failure: BaseException
+) -> None:
+    """Issue 17.8: running out of memory while reading is exit 3 with the budget advice, never "file corrupt"."""
+    path = make_rollout(tmp_path / "r.h5")
+
+    def fail(self, index):  # noqa: ANN001, ANN202
+        raise failure
+
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", fail)
+    code, _, err = cli("inspect", path)
+    assert code == 3, err
+    assert "out of memory" in err and "Lower --max-memory" in err and "corrupt" not in err
+    with pytest.raises(RolloutError, match="out of memory") as raised:
+        RolloutStorage.from_hdf5(path)
+    assert raised.value.exit_code == 3
+
+
+def test_output_side_failure_is_not_blamed_on_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error libhdf5 raises while writing the output names the output (exit 3), not a corrupt input."""
+    from rolloutcli.hdf5.writer import RolloutOutput
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError("Unable to synchronously create dataset (object header message is too large)")
+
+    with RolloutOutput(tmp_path / "tmp.h5", tmp_path / "out.h5") as out:
+        monkeypatch.setattr(h5py.Group, "create_dataset", refuse)
+        with pytest.raises(RolloutError) as raised:
+            out.create("rewards", (3, 2), np.float32)
+    message = str(raised.value)
+    assert message.startswith(f"{tmp_path / 'out.h5'}: cannot write the output (Unable to synchronously create")
+    assert "corrupt" not in message and raised.value.exit_code == 3
