@@ -228,7 +228,7 @@ def test_out_of_memory_is_an_io_error_with_budget_advice(
     """Issue 17.8: running out of memory while reading is exit 3 with the budget advice, never "file corrupt"."""
     path = make_rollout(tmp_path / "r.h5")
 
-    def fail(self, index):  # noqa: ANN001, ANN202
+    def fail(self, index):
         raise failure
 
     monkeypatch.setattr(h5py.Dataset, "__getitem__", fail)
