@@ -16,6 +16,7 @@ from the global RNG and reused every epoch, the remainder dropped; fixed env gro
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,6 @@ import torch
 
 from rolloutcli.core.batching import feedforward_order, parity_sizes, recurrent_groups, split_sizes
 from rolloutcli.core.trajectories import hidden_states_at_starts, split_and_pad_trajectories, trajectory_spans
-from rolloutcli.fields import FIELDS
 
 HiddenState = torch.Tensor | tuple[torch.Tensor, ...] | None
 
@@ -47,52 +47,39 @@ def _unwrap(states: tuple[torch.Tensor, ...]) -> HiddenState:
 class RolloutStorage:
     """Storage for the data collected during a rollout (RSL-RL's API and layout)."""
 
+    @dataclass
     class Transition:
         """One step of data, filled by the runner and passed to ``add_transition``."""
 
-        def __init__(self) -> None:
-            self.observations: Mapping[str, torch.Tensor] | None = None
-            self.actions: torch.Tensor | None = None
-            self.rewards: torch.Tensor | None = None
-            self.dones: torch.Tensor | None = None
-            self.values: torch.Tensor | None = None
-            self.actions_log_prob: torch.Tensor | None = None
-            self.distribution_params: tuple[torch.Tensor, ...] | None = None
-            self.privileged_actions: torch.Tensor | None = None
-            self.hidden_states: tuple[HiddenState, HiddenState] = (None, None)
+        observations: Mapping[str, torch.Tensor] | None = None
+        actions: torch.Tensor | None = None
+        rewards: torch.Tensor | None = None
+        dones: torch.Tensor | None = None
+        values: torch.Tensor | None = None
+        actions_log_prob: torch.Tensor | None = None
+        distribution_params: tuple[torch.Tensor, ...] | None = None
+        privileged_actions: torch.Tensor | None = None
+        hidden_states: tuple[HiddenState, HiddenState] = (None, None)
 
         def clear(self) -> None:
             """Reset all fields to None."""
             self.__init__()
 
+    @dataclass
     class Batch:
         """A mini-batch as RSL-RL's generators yield it (fields are None where a mode has none)."""
 
-        def __init__(
-            self,
-            observations: Mapping[str, torch.Tensor] | None = None,
-            actions: torch.Tensor | None = None,
-            values: torch.Tensor | None = None,
-            advantages: torch.Tensor | None = None,
-            returns: torch.Tensor | None = None,
-            old_actions_log_prob: torch.Tensor | None = None,
-            old_distribution_params: tuple[torch.Tensor, ...] | None = None,
-            hidden_states: tuple[HiddenState, HiddenState] = (None, None),
-            masks: torch.Tensor | None = None,
-            privileged_actions: torch.Tensor | None = None,
-            dones: torch.Tensor | None = None,
-        ) -> None:
-            self.observations = observations
-            self.actions = actions
-            self.values = values
-            self.advantages = advantages
-            self.returns = returns
-            self.old_actions_log_prob = old_actions_log_prob
-            self.old_distribution_params = old_distribution_params
-            self.hidden_states = hidden_states
-            self.masks = masks
-            self.privileged_actions = privileged_actions
-            self.dones = dones
+        observations: Mapping[str, torch.Tensor] | None = None
+        actions: torch.Tensor | None = None
+        values: torch.Tensor | None = None
+        advantages: torch.Tensor | None = None
+        returns: torch.Tensor | None = None
+        old_actions_log_prob: torch.Tensor | None = None
+        old_distribution_params: tuple[torch.Tensor, ...] | None = None
+        hidden_states: tuple[HiddenState, HiddenState] = (None, None)
+        masks: torch.Tensor | None = None
+        privileged_actions: torch.Tensor | None = None
+        dones: torch.Tensor | None = None
 
     def __init__(
         self,
@@ -402,35 +389,19 @@ class RolloutStorage:
         """
         from rolloutcli.hdf5.limits import SafetyOptions
         from rolloutcli.hdf5.storage_io import read_rollout
+        from rolloutcli.storage_fields import fill_storage
 
         loaded = read_rollout(path, device, envs, SafetyOptions(allow_external=allow_external))
-        tensors, T, N = loaded.tensors, loaded.T, loaded.N
+        tensors = loaded.tensors
         if training_type is None:
             training_type = "distillation" if "privileged_actions" in tensors and "values" not in tensors else "rl"
-        observations = {key: tensors[name] for key, name in loaded.observations.items()}
-        example: Any = {key: value[0] for key, value in observations.items()}
+        example: Any = {key: tensors[name][0] for key, name in loaded.observations.items()}
         if tensordict:
             from tensordict import TensorDict
 
-            example = TensorDict(example, batch_size=[N], device=device)
-        storage = cls(training_type, N, T, example, tuple(tensors["actions"].shape[2:]), device)
-        for key, value in observations.items():
-            storage.observations[key] = value
-        for row in FIELDS:
-            if row.name not in tensors or row.storage_name is None or row.group:
-                continue
-            if training_type != "rl" and row.name in _RL_ONLY:
-                continue
-            value = tensors[row.name]
-            setattr(storage, row.storage_name, value.unsqueeze(-1) if row.trailing_one else value)
-        if training_type == "rl" and loaded.distribution:
-            storage.distribution_names = loaded.distribution
-            storage.distribution_params = tuple(tensors[f"distribution/{n}"] for n in loaded.distribution)
-        for net, attribute in (("actor", "saved_hidden_state_a"), ("critic", "saved_hidden_state_c")):
-            if loaded.hidden.get(net):
-                setattr(storage, attribute, [tensors[p] for p in loaded.hidden[net]])
-        storage.attrs = dict(loaded.attrs)
-        storage.step = T
+            example = TensorDict(example, batch_size=[loaded.N], device=device)
+        storage = cls(training_type, loaded.N, loaded.T, example, tuple(tensors["actions"].shape[2:]), device)
+        fill_storage(storage, loaded)
         return storage
 
     def to_hdf5(self, path: str | Path, *, overwrite: bool = False) -> None:
@@ -440,30 +411,7 @@ class RolloutStorage:
         file): the zeros a fresh storage holds would pass for real advantages.
         """
         from rolloutcli.hdf5.storage_io import write_rollout
+        from rolloutcli.storage_fields import storage_tensors
 
-        tensors = {f"observations/{key}": self.observations[key] for key in self.observations.keys()}
-        computed = self.training_type == "rl" and (
-            self.returns is not self._blank[0]
-            or self.advantages is not self._blank[1]
-            or bool(self.returns.any())
-            or bool(self.advantages.any())
-        )
-        for row in FIELDS:
-            value = getattr(self, row.storage_name, None) if row.storage_name and not row.group else None
-            if value is None or (row.name in ("advantages", "returns") and not computed):
-                continue
-            if row.trailing_one:
-                value = value.reshape(value.shape[: 1 if row.name == "last_values" else 2])
-            tensors[row.name] = value.to(torch.uint8) if row.flag else value
-        params = self.distribution_params if self.training_type == "rl" else None
-        names = self.distribution_names or [f"param{i}" for i in range(len(params or ()))]
-        for name, param in zip(names, params or (), strict=True):
-            tensors[f"distribution/{name}"] = param
-        for net, states in (("actor", self.saved_hidden_state_a), ("critic", self.saved_hidden_state_c)):
-            for index, state in enumerate(states or ()):
-                tensors[f"hidden_states/{net}/{index}"] = state
-        group_attrs = {"distribution": {"order": names}} if self.distribution_names and params else None
+        tensors, group_attrs = storage_tensors(self)
         write_rollout(path, tensors, self.attrs, group_attrs=group_attrs, overwrite=overwrite)
-
-
-_RL_ONLY = ("values", "actions_log_prob", "advantages", "returns")
