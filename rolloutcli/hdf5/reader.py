@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # torch is imported only by the tensor readers, so that `gae`
     import torch
 
 R = TypeVar("R")
+_NONFINITE_FIX = "Fix the recorder or drop the affected envs."
+_FLAG_FIX = "Store episode-end flags as bool or 0/1."
+_ORPHAN_FIX = "A time-out ends the episode: set dones there too."
 
 
 def env_blocks(num_envs: int, bytes_per_env: int, budget: int) -> list[tuple[int, int]]:
@@ -37,14 +40,17 @@ def env_blocks(num_envs: int, bytes_per_env: int, budget: int) -> list[tuple[int
     return [(start, min(start + per_block, num_envs)) for start in range(0, num_envs, per_block)]
 
 
+ATTR_ITEMS = 4096  # a longer array attribute is described, not listed (a 16 MB one would be 16M Python ints)
+
+
 def attr_value(value: Any) -> Any:
-    """An attribute as plain Python data (bytes decoded, numpy scalars and arrays as Python values)."""
+    """An attribute as plain Python data (bytes decoded, numpy scalars and short arrays as Python values)."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
-        return value.tolist()
+        return value.tolist() if value.size <= ATTR_ITEMS else f"<{value.dtype} array of shape {value.shape}>"
     return value
 
 
@@ -219,49 +225,23 @@ class RolloutReader(H5Input):
         fields = self.schema.fields
         finite = [f.name for f in by_flag(finite=True) if f.name in fields]
         flags = [f.name for f in by_flag(flag=True) if f.name in fields]
-        counts: dict[str, int] = {}
-
-        def add(key: str, count: int) -> None:
-            counts[key] = counts.get(key, 0) + count
-
+        counts = dict.fromkeys([*finite, *flags, "orphan"], 0)
         for start, stop in self.blocks([*finite, *flags]):
             block = {n: self.read(n, start, stop) for n in (*finite, *flags)}
             for name in finite:
                 if block[name].dtype.kind == "f":
-                    add(name, int(np.count_nonzero(~np.isfinite(block[name]))))
+                    counts[name] += int(np.count_nonzero(~np.isfinite(block[name])))
             for name in flags:
                 if block[name].dtype.kind != "b":
-                    add(name, int(np.count_nonzero((block[name] != 0) & (block[name] != 1))))
+                    counts[name] += int(np.count_nonzero((block[name] != 0) & (block[name] != 1)))
             if "time_outs" in block:
                 orphan = (block["time_outs"].reshape(-1) != 0) & (block["dones"].reshape(-1) == 0)
-                add("orphan", int(np.count_nonzero(orphan)))
-        problems = [
-            problem_line(
-                self.path,
-                n,
-                "finite numbers",
-                f"{counts[n]} NaN/Inf values",
-                "Fix the recorder or drop the affected envs.",
-            )
-            for n in finite
-            if counts.get(n)
-        ]
-        problems += [
-            problem_line(
-                self.path, n, "only 0 and 1", f"{counts[n]} other values", "Store episode-end flags as bool or 0/1."
-            )
-            for n in flags
-            if counts.get(n)
-        ]
-        if counts.get("orphan"):
-            problems.append(
-                problem_line(
-                    self.path,
-                    "time_outs",
-                    "time-outs only where dones is 1",
-                    f"{counts['orphan']} time-outs where dones is 0",
-                    "A time-out ends the episode: set dones there too.",
-                )
-            )
+                counts["orphan"] += int(np.count_nonzero(orphan))
+        lines = [(n, "finite numbers", f"{counts[n]} NaN/Inf values", _NONFINITE_FIX) for n in finite]
+        lines += [(n, "only 0 and 1", f"{counts[n]} other values", _FLAG_FIX) for n in flags]
+        lines += [("time_outs", "time-outs only where dones is 1", f"{counts['orphan']} time-outs where dones is 0",
+                   _ORPHAN_FIX)]  # fmt: skip
+        counted = [*finite, *flags, "orphan"]
+        problems = [problem_line(self.path, *line) for key, line in zip(counted, lines, strict=True) if counts[key]]
         if problems:
             raise RolloutError.many(self.path, problems, exit_code=EXIT_BAD_DATA)

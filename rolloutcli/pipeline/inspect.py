@@ -23,9 +23,9 @@ MOMENT_FIELDS = tuple(f.name for f in by_flag(load_dtype="float32"))  # rewards,
 
 
 def padded_split_bytes(reader: RolloutReader, trajectories: int) -> tuple[int, int]:
-    """(input bytes, padded bytes) of the per-step fields RSL-RL's split would pad to ``[T, M, ...]``."""
+    """(input bytes, padded bytes) of the ``[T, N, ...]`` datasets split would pad to ``[T, M, ...]``."""
     schema = reader.schema
-    per_step = [schema.fields[n] for n in schema.per_step_names()]
+    per_step = [schema.fields[n] for n in schema.step_names()]
     input_bytes = sum(spec.nbytes for spec in per_step)
     padded = sum(spec.bytes_per_env() * trajectories for spec in per_step) + schema.T * trajectories
     return input_bytes, padded
