@@ -30,78 +30,78 @@ def _filter_ids(dataset: h5py.Dataset) -> list[int]:
 
 
 def audit_dataset(path: Path, name: str, dataset: h5py.Dataset, options: SafetyOptions) -> list[str]:
-    """Problems that make reading ``dataset`` unsafe (empty list when it is safe)."""
-    unsafe: list[str] = []
-    allow = options.allow_external
+    """Problems that make reading ``dataset`` unsafe (empty list when it is safe; the first problem found)."""
+    problem = _storage_problem(path, dataset, options.allow_external)
+    if problem is None and dataset.dtype.kind in "biufcSUOV":
+        problem = _layout_problem(dataset, options)
+    return [] if problem is None else [f"{path}: field '{name}': {problem}"]
+
+
+def _storage_problem(path: Path, dataset: h5py.Dataset, allow: bool) -> str | None:
+    """Data stored outside the file (external raw storage, virtual datasets), unless trusted."""
     if not allow and dataset.external:
-        unsafe.append(
-            f"{path}: field '{name}': expected data stored in the file, found external raw storage "
-            f"in another file; refusing to read outside the file. Pass --allow-external to trust it."
+        return (
+            "expected data stored in the file, found external raw storage in another file; refusing to read "
+            "outside the file. Pass --allow-external to trust it."
         )
-        return unsafe
     for external in dataset.external or ():
         # Trusted (--allow-external) raw storage still must be a regular file: a FIFO hangs the read forever,
         # a device such as /dev/zero or /dev/urandom never ends.
         special = _special_file(path, external[0])
         if special:
-            unsafe.append(
-                f"{path}: field '{name}': expected external raw storage in a regular file, found {special}; "
-                "refusing to read it even with --allow-external."
+            return (
+                f"expected external raw storage in a regular file, found {special}; refusing to read it even "
+                "with --allow-external."
             )
-            return unsafe
     if not allow and dataset.is_virtual:
-        unsafe.append(
-            f"{path}: field '{name}': expected data stored in the file, found a virtual dataset "
-            f"that reads other files; refusing. Pass --allow-external to trust it."
+        return (
+            "expected data stored in the file, found a virtual dataset that reads other files; refusing. "
+            "Pass --allow-external to trust it."
         )
-        return unsafe
-    if dataset.dtype.kind not in "biufcSUOV":
-        return unsafe
+    return None
+
+
+def _layout_problem(dataset: h5py.Dataset, options: SafetyOptions) -> str | None:
+    """Absurd declared sizes, unknown filters, decompression bombs, chunks too short or past the file's end."""
     itemsize = dataset.dtype.itemsize
     declared = math.prod(dataset.shape or ()) * itemsize  # math.prod is exact; np.prod overflows
     if declared > options.max_dataset_bytes:
-        unsafe.append(
-            f"{path}: field '{name}': expected at most {options.max_dataset_bytes} bytes, found a "
-            f"declared size of {declared} bytes (shape {tuple(dataset.shape)}); refusing to read it."
+        return (
+            f"expected at most {options.max_dataset_bytes} bytes, found a declared size of {declared} bytes "
+            f"(shape {tuple(dataset.shape)}); refusing to read it."
         )
-        return unsafe
-    for filter_id in _filter_ids(dataset):
-        if filter_id not in ALLOWED_FILTERS:
-            unsafe.append(
-                f"{path}: field '{name}': expected filters gzip/shuffle/fletcher32/lzf/scaleoffset, "
-                f"found unknown filter id {filter_id}; refusing (it would load plugin code). "
-                "Re-save the file with a standard filter."
-            )
-            return unsafe
+    filters = _filter_ids(dataset)
+    unknown = [f for f in filters if f not in ALLOWED_FILTERS]
+    if unknown:
+        return (
+            f"expected filters gzip/shuffle/fletcher32/lzf/scaleoffset, found unknown filter id {unknown[0]}; "
+            "refusing (it would load plugin code). Re-save the file with a standard filter."
+        )
+    end = 0
     if dataset.chunks is not None:
         chunk_bytes = math.prod(dataset.chunks) * itemsize
         if chunk_bytes > options.max_chunk_bytes:
-            unsafe.append(
-                f"{path}: field '{name}': expected chunks of at most {options.max_chunk_bytes} bytes, "
-                f"found chunks of {chunk_bytes} bytes ({dataset.chunks}); refusing (decompression "
-                "bomb). Re-save with smaller chunks."
+            return (
+                f"expected chunks of at most {options.max_chunk_bytes} bytes, found chunks of {chunk_bytes} bytes "
+                f"({dataset.chunks}); refusing (decompression bomb). Re-save with smaller chunks."
             )
-            return unsafe
         short, end = _chunk_extent(dataset)
-        if _filter_ids(dataset) and short is not None and short < FLETCHER32_BYTES:
-            unsafe.append(
-                f"{path}: field '{name}': expected filtered chunks of at least {FLETCHER32_BYTES} "
-                f"bytes, found a stored chunk of {short} bytes; the file is corrupt."
+        if filters and short is not None and short < FLETCHER32_BYTES:
+            return (
+                f"expected filtered chunks of at least {FLETCHER32_BYTES} bytes, found a stored chunk of {short} "
+                "bytes; the file is corrupt."
             )
-            return unsafe
     elif not dataset.external and not dataset.is_virtual and dataset.id.get_offset() is not None:
         end = dataset.id.get_offset() + dataset.id.get_storage_size()
-    else:
-        end = 0
     # Stored data past the end of the file: reading it fails, and copying it (HDF5 object copy) hits a
     # double free in libhdf5's error path (H5D__chunk_copy, fixed upstream after HDF5 2.0.0).
     size = os.path.getsize(dataset.file.filename)
     if end > size:
-        unsafe.append(
-            f"{path}: field '{name}': expected data stored inside the file ({size} bytes), found data stored "
-            f"up to byte {end}; the file is corrupt or truncated."
+        return (
+            f"expected data stored inside the file ({size} bytes), found data stored up to byte {end}; the file "
+            "is corrupt or truncated."
         )
-    return unsafe
+    return None
 
 
 def _special_file(path: Path, name: str | bytes) -> str | None:

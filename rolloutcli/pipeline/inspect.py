@@ -54,24 +54,7 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
             reader.check_values()
         except RolloutError as error:
             warnings.extend(error.problems)
-        steps = [n for n in ("dones", "time_outs", *MOMENT_FIELDS) if n in schema.fields and n != "last_values"]
-        blocks = reader.blocks(steps)
-        episodes: EpisodeStats | None = None
-        moments: dict[str, Moments] = {}
-        progress.start("inspect", len(blocks))
-        for start, stop in blocks:
-            block = reader.arrays(steps, start, stop)
-            stats = EpisodeStats.of(block["dones"], block.get("time_outs"))
-            episodes = stats if episodes is None else episodes.merge(stats)
-            for name in steps[1:]:
-                if name != "time_outs":
-                    value = Moments.of(block[name])
-                    moments[name] = moments[name].merge(value) if name in moments else value
-            progress.advance()
-        progress.finish()
-        if "last_values" in schema.fields:
-            moments["last_values"] = Moments.of(reader.array("last_values"))
-        assert episodes is not None
+        episodes, moments = _scan(reader, progress)
         input_bytes, padded_bytes = padded_split_bytes(reader, episodes.trajectories)
         blowup = padded_bytes / max(input_bytes, 1)
         gae = {k: schema.attrs[k] for k in GAE_ATTRS if k in schema.attrs}
@@ -124,6 +107,30 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
             "attrs": schema.attrs,
             "warnings": warnings,
         }
+
+
+def _scan(reader: RolloutReader, progress: Progress) -> tuple[EpisodeStats, dict[str, Moments]]:
+    """Episode statistics and the moments of every float field, streamed in env blocks."""
+    fields = reader.schema.fields
+    steps = [n for n in ("dones", "time_outs", *MOMENT_FIELDS) if n in fields and n != "last_values"]
+    blocks = reader.blocks(steps)
+    episodes: EpisodeStats | None = None
+    moments: dict[str, Moments] = {}
+    progress.start("inspect", len(blocks))
+    for start, stop in blocks:
+        block = reader.arrays(steps, start, stop)
+        stats = EpisodeStats.of(block["dones"], block.get("time_outs"))
+        episodes = stats if episodes is None else episodes.merge(stats)
+        for name in steps[1:]:
+            if name != "time_outs":
+                value = Moments.of(block[name])
+                moments[name] = moments[name].merge(value) if name in moments else value
+        progress.advance()
+    progress.finish()
+    if "last_values" in fields:
+        moments["last_values"] = Moments.of(reader.array("last_values"))
+    assert episodes is not None
+    return episodes, moments
 
 
 def _warnings(reader: RolloutReader, blowup: float, gae: dict[str, Any]) -> list[str]:

@@ -132,19 +132,10 @@ def run_split(
         schema = reader.schema
         T, N = schema.T, schema.N
         fields = schema.step_names()  # the per-step fields and the extras laid out [T, N, ...]
-        # Pass 1 (dones only): trajectories per env and the longest one, to size the output.
-        counts = np.zeros(N, np.int64)
-        longest = 0
-        lengths = torch.zeros(T + 1, dtype=torch.int64)
-        for start, stop in reader.blocks(["dones"]):
-            dones = reader.tensor("dones", start, stop)
-            spans = trajectory_spans(dones, options.max_length)
-            counts[start:stop] = torch.bincount(spans.env, minlength=stop - start).numpy()
-            lengths += torch.bincount(spans.length, minlength=T + 1)
-            longest = max(longest, int(spans.length.max()))
+        counts, lengths = _count_trajectories(reader, options.max_length)
         M = int(counts.sum())
         # L: RSL-RL pads to T; segments of at most K steps never need more than K rows.
-        L = T if options.pad_to == "rollout" else longest
+        L = T if options.pad_to == "rollout" else int(np.flatnonzero(lengths)[-1])
         if options.max_length is not None and options.pad_to == "rollout":
             L = min(T, options.max_length)
         row_bytes = {name: _row_bytes(reader, name) for name in fields}
@@ -162,7 +153,7 @@ def run_split(
         with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp, RolloutOutput(tmp, dst, reader) as out:
             _write_split(reader, out, fields, row_bytes, counts, L, options, run, blocks, progress)
             _finish_split(reader, out, fields, options, progress)
-    summary_lengths = EpisodeStats(T, lengths.numpy()).length_summary()
+    summary_lengths = EpisodeStats(T, lengths).length_summary()
     return {
         "input": str(src),
         "output": str(dst),
@@ -180,6 +171,16 @@ def run_split(
         "blocks": len(blocks),
         "seconds": time.perf_counter() - started,
     }
+
+
+def _count_trajectories(reader: RolloutReader, max_length: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Pass 1 (dones only): trajectories per env ``[N]`` and the count of each length ``[T + 1]``."""
+    counts, lengths = np.zeros(reader.N, np.int64), np.zeros(reader.T + 1, np.int64)
+    for start, stop in reader.blocks(["dones"]):
+        spans = trajectory_spans(reader.tensor("dones", start, stop), max_length)
+        counts[start:stop] = torch.bincount(spans.env, minlength=stop - start).numpy()
+        lengths += torch.bincount(spans.length, minlength=reader.T + 1).numpy()
+    return counts, lengths
 
 
 def _write_split(
