@@ -57,50 +57,27 @@ class Field:
         return {STEP: 1, HIDDEN: 2, ENV: 0}[self.layout]
 
 
+# fmt: off
 FIELDS: tuple[Field, ...] = (
     Field("observations", required="always", group=True, batch_name="observations", storage_name="observations"),
     Field("actions", required="always", batch_name="actions", storage_name="actions"),
     Field("rewards", required="always", load_dtype="float32", trailing_one=True, finite=True, storage_name="rewards"),
-    Field(
-        "dones",
-        required="always",
-        load_dtype="uint8",
-        flag=True,
-        trailing_one=True,
-        batch_name="dones",
-        storage_name="dones",
-    ),
+    Field("dones", required="always", load_dtype="uint8", flag=True, trailing_one=True, batch_name="dones",
+          storage_name="dones"),
     Field("time_outs", load_dtype="uint8", flag=True, trailing_one=True, storage_name="time_outs"),
-    Field(
-        "values",
-        required="gae",
-        load_dtype="float32",
-        trailing_one=True,
-        finite=True,
-        batch_name="values",
-        storage_name="values",
-    ),
-    Field(
-        "last_values",
-        layout=ENV,
-        required="gae",
-        load_dtype="float32",
-        trailing_one=True,
-        finite=True,
-        storage_name="last_values",
-    ),
+    Field("values", required="gae", load_dtype="float32", trailing_one=True, finite=True, batch_name="values",
+          storage_name="values"),
+    Field("last_values", layout=ENV, required="gae", load_dtype="float32", trailing_one=True, finite=True,
+          storage_name="last_values"),
     Field("actions_log_prob", trailing_one=True, batch_name="old_actions_log_prob", storage_name="actions_log_prob"),
     Field("distribution", group=True, batch_name="old_distribution_params", storage_name="distribution_params"),
-    Field(
-        "privileged_actions",
-        required="distillation",
-        batch_name="privileged_actions",
-        storage_name="privileged_actions",
-    ),
+    Field("privileged_actions", required="distillation", batch_name="privileged_actions",
+          storage_name="privileged_actions"),
     Field("hidden_states", layout=HIDDEN, group=True, batch_name="hidden_states"),
     Field("advantages", load_dtype="float32", trailing_one=True, batch_name="advantages", storage_name="advantages"),
     Field("returns", load_dtype="float32", trailing_one=True, batch_name="returns", storage_name="returns"),
 )
+# fmt: on
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 EXTRA = "extra"  # the role of a dataset that matches no row
 

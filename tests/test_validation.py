@@ -242,3 +242,25 @@ def test_normalized_predicts_what_array_returns(tmp_path: Path, variant: str) ->
             for start, stop in ((0, 1), (1, 4), (0, None)):
                 array = reader.array(name, start, stop)
                 assert reader.normalized(name, start, stop) == (array.dtype, array.shape), (name, start, stop)
+
+
+def test_a_new_field_is_one_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a row to rolloutcli.fields is all the schema and the reader need (shape, dtype, NaN checks)."""
+    from rolloutcli import fields
+    from rolloutcli.hdf5.reader import RolloutReader
+
+    row = fields.Field("costs", load_dtype="float32", trailing_one=True, finite=True)
+    monkeypatch.setattr(fields, "FIELDS", (*fields.FIELDS, row))
+    monkeypatch.setattr(fields, "BY_NAME", {**fields.BY_NAME, "costs": row})
+    arrays = rollout_arrays(T=6, N=2)
+    arrays["costs"] = np.ones((6, 2, 1), np.float16)
+    with RolloutReader(write_rollout(tmp_path / "ok.h5", arrays)) as reader:
+        assert reader.schema.fields["costs"].role == "costs"
+        costs = reader.array("costs")
+        assert costs.dtype == np.float32 and costs.shape == (6, 2)
+    arrays["costs"][3, 1] = np.nan
+    with pytest.raises(RolloutError, match="field 'costs': expected finite numbers, found 1 NaN/Inf values"):
+        RolloutReader(write_rollout(tmp_path / "nan.h5", arrays))
+    arrays["costs"] = np.ones((6, 3), np.float32)
+    with pytest.raises(RolloutError, match=r"field 'costs': expected shape \[T, N\] = \[6, 2\]"):
+        RolloutReader(write_rollout(tmp_path / "shape.h5", arrays))
