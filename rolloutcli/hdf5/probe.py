@@ -8,9 +8,9 @@ and read what the commands read from the metadata (every attribute, every chunk 
 datasets). When that process dies by a signal or does not finish in time, the file is refused as corrupt
 (exit 1) and this process never parses it. Data is never read there.
 
-Forking this process for every file would copy its page tables (torch makes that ~15-30 ms), so the throwaway
-processes are forked from a small helper interpreter (h5py only, started on first use, ~0.2 s): each probe
-then costs a few milliseconds. The helper reads requests on stdin and exits when this process goes away.
+Forking this process for every file would copy its page tables (large once torch is loaded), so the throwaway
+processes are forked from a small helper interpreter (h5py only, started once, on first use): each probe then
+costs a fork of a small process. The helper reads requests on stdin and exits when this process goes away.
 """
 
 from __future__ import annotations
