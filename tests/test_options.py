@@ -76,7 +76,7 @@ def test_auto_with_a_gpu_node_asks_torch(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_without_gpu_is_a_usage_error(cli) -> None:
-    code, out, err = cli("inspect", SAMPLE, "--device", "cuda")
+    code, out, err = cli("split", SAMPLE, "-o", "never.h5", "--device", "cuda")
     assert code == 2 and out == ""
     assert "no CUDA GPU is visible. Use --device cpu or --device auto." in err
 

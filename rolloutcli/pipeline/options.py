@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 
-from rolloutcli.errors import EXIT_USAGE, RolloutError
+from rolloutcli.errors import EXIT_USAGE, RolloutError, one_line
 from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, SafetyOptions
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_SIZE = 1 << 50  # 1024T: a budget beyond any machine, and far from any integer overflow
 
 
 def parse_size(text: str) -> int:
@@ -20,9 +22,11 @@ def parse_size(text: str) -> int:
         raise RolloutError(
             f"--max-memory: expected a size such as 64K, 256M or 2G, found '{text}'.", exit_code=EXIT_USAGE
         )
-    size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    size = int(Fraction(match.group(1)) * _UNITS[match.group(2).upper()])  # exact: no float overflow
     if size < 1024:
         raise RolloutError(f"--max-memory: expected at least 1K, found '{text}'.", exit_code=EXIT_USAGE)
+    if size > MAX_SIZE:
+        raise RolloutError(f"--max-memory: expected at most 1024T, found '{one_line(text)}'.", exit_code=EXIT_USAGE)
     return size
 
 
@@ -79,8 +83,10 @@ class RunOptions:
 
     @classmethod
     def from_cli(
-        cls, device: str = "auto", max_memory: str = "1G", allow_external: bool = False, *, auto: str | None = None
+        cls, device: str = "cpu", max_memory: str = "1G", allow_external: bool = False, *, auto: str | None = None
     ) -> RunOptions:
-        """``auto`` (if given) is what ``--device auto`` means for this command (``gae`` runs on the CPU)."""
+        """Options from their command-line spelling; ``auto`` (if given) is what ``--device auto`` means for this
+        command (``gae`` runs on the CPU). Commands that compute nothing on a device leave ``device`` at ``cpu``.
+        """
         name = auto if auto is not None and device.strip().lower() == "auto" else device
         return cls(resolve_device(name), parse_size(max_memory), SafetyOptions(allow_external=allow_external))
