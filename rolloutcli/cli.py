@@ -20,7 +20,6 @@ import typer
 
 from rolloutcli.cli_batch import batch
 from rolloutcli.cli_common import (
-    MAX_COUNT,
     DeviceOpt,
     ExternalOpt,
     FileOutputOpt,
@@ -33,6 +32,7 @@ from rolloutcli.cli_common import (
     QuietOpt,
     RunState,
     StdoutClosed,
+    count_option,
     emit,
     run_options,
 )
@@ -159,7 +159,7 @@ def split(
     ] = PadTo.rollout,
     max_length: Annotated[
         int | None,
-        typer.Option("--max-length", metavar="K", min=1, max=MAX_COUNT, help="Cut trajectories at K steps."),
+        count_option("--max-length", metavar="K", text="Cut trajectories at K steps."),
     ] = None,
     unpad: Annotated[bool, typer.Option("--unpad", help="Restore the [T, N, ...] rollout from split output.")] = False,
     overwrite: OverwriteOpt = False,

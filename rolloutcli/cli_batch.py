@@ -12,7 +12,6 @@ from typing import Annotated, Any
 import typer
 
 from rolloutcli.cli_common import (
-    MAX_COUNT,
     MAX_SEED,
     Compression,
     ExternalOpt,
@@ -21,6 +20,7 @@ from rolloutcli.cli_common import (
     MemoryOpt,
     OverwriteOpt,
     QuietOpt,
+    count_option,
     emit,
     run_options,
 )
@@ -41,50 +41,44 @@ def _groups(observations: str | None) -> tuple[str, ...] | None:
     return groups
 
 
+def _flag(name: str, text: str) -> Any:
+    return Annotated[bool, typer.Option(name, help=text)]
+
+
+FileArg = Annotated[
+    Path, typer.Argument(metavar="FILE", help="Rollout file (.h5); RL modes need advantages/returns (run gae).")
+]
+MiniBatchesOpt = Annotated[int, count_option("--num-mini-batches", "-m", text="Mini-batches per epoch.", metavar="M")]
+EpochsOpt = Annotated[int, count_option("--epochs", text="Epochs to write.", metavar="E")]
+SeedOpt = Annotated[int, count_option("--seed", text="Seed of every shuffle.", low=0, high=MAX_SEED, metavar="S")]
+RecurrentOpt = _flag("--recurrent", "Env groups of padded trajectories with hidden states.")
+DistillationOpt = _flag("--distillation", "Step ranges of observations, privileged_actions, dones.")
+ParityOpt = _flag("--rsl-parity", "Reproduce RSL-RL exactly: one order for all epochs, drop remainder.")
+ShuffleEnvsOpt = _flag("--shuffle-envs", "--recurrent: new env groups every epoch.")
+CompressionOpt = Annotated[Compression | None, typer.Option("--compression", help="Compress shard datasets.")]
+HistoryOpt = Annotated[
+    int | None, count_option("--history", text="Export history windows [B, K, ...] of observations.", metavar="K")
+]
+AcrossOpt = _flag("--across-episodes", "--history: never reset at dones (AMP); windows may straddle episodes.")
+GroupsOpt = Annotated[
+    str | None, typer.Option("--observations", help="--history: observation groups to export, e.g. policy,critic.")
+]
+
+
 def batch(
-    file: Annotated[
-        Path, typer.Argument(metavar="FILE", help="Rollout file (.h5); RL modes need advantages/returns (run gae).")
-    ],
-    num_mini_batches: Annotated[
-        int,
-        typer.Option("--num-mini-batches", "-m", metavar="M", min=1, max=MAX_COUNT, help="Mini-batches per epoch."),
-    ],
+    file: FileArg,
+    num_mini_batches: MiniBatchesOpt,
     output: FolderOutputOpt = None,
-    epochs: Annotated[int, typer.Option("--epochs", min=1, max=MAX_COUNT, help="Epochs to write.")] = 1,
-    seed: Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help="Seed of every shuffle.")] = 0,
-    recurrent: Annotated[
-        bool, typer.Option("--recurrent", help="Env groups of padded trajectories with hidden states.")
-    ] = False,
-    distillation: Annotated[
-        bool, typer.Option("--distillation", help="Step ranges of observations, privileged_actions, dones.")
-    ] = False,
-    rsl_parity: Annotated[
-        bool, typer.Option("--rsl-parity", help="Reproduce RSL-RL exactly: one order for all epochs, drop remainder.")
-    ] = False,
-    shuffle_envs: Annotated[
-        bool, typer.Option("--shuffle-envs", help="--recurrent: new env groups every epoch.")
-    ] = False,
-    compression: Annotated[
-        Compression | None, typer.Option("--compression", help="Compress shard datasets (default: none).")
-    ] = None,
-    history: Annotated[
-        int | None,
-        typer.Option(
-            "--history",
-            metavar="K",
-            min=1,
-            max=MAX_COUNT,
-            help="Export history windows [B, K, ...] of observations (CircularBuffer semantics).",
-        ),
-    ] = None,
-    across_episodes: Annotated[
-        bool,
-        typer.Option("--across-episodes", help="--history: never reset at dones (AMP); windows may straddle episodes."),
-    ] = False,
-    observations: Annotated[
-        str | None,
-        typer.Option("--observations", help="--history: observation groups to export, e.g. policy,critic (all)."),
-    ] = None,
+    epochs: EpochsOpt = 1,
+    seed: SeedOpt = 0,
+    recurrent: RecurrentOpt = False,
+    distillation: DistillationOpt = False,
+    rsl_parity: ParityOpt = False,
+    shuffle_envs: ShuffleEnvsOpt = False,
+    compression: CompressionOpt = None,
+    history: HistoryOpt = None,
+    across_episodes: AcrossOpt = False,
+    observations: GroupsOpt = None,
     overwrite: OverwriteOpt = False,
     json_output: JsonOpt = False,
     max_memory: MemoryOpt = "1G",

@@ -38,6 +38,17 @@ class LastValues(str, enum.Enum):
     zero = "zero"
 
 
+def count_option(*names: str, text: str, low: int = 1, high: int = MAX_COUNT, **more: Any) -> Any:
+    """An integer option in [low, high]; the upper bound keeps huge values (10**30) from overflowing later."""
+
+    def at_most(value: int | None) -> int | None:
+        if value is not None and value > high:
+            raise typer.BadParameter(f"expected at most {high}, found {value}.")
+        return value
+
+    return typer.Option(*names, min=low, callback=at_most, help=text, **more)
+
+
 def _not_stdout(value: Path | None) -> Path | None:
     if value is not None and str(value) == "-":
         raise RolloutError(
@@ -130,9 +141,6 @@ class GuardedStdout:
     def flush(self) -> None:
         if self._stream is not None:  # nothing to flush into a closed descriptor until something is written
             self._guard("flush")
-
-    def isatty(self) -> bool:
-        return self._stream is not None and self._stream.isatty()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

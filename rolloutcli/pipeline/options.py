@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -30,47 +29,33 @@ def parse_size(text: str) -> int:
     return size
 
 
-# Device nodes a CUDA (or ROCm) GPU needs. Where none exists torch.cuda.is_available() is False for certain, so
-# `--device auto` resolves to the CPU without importing torch (about a second of the `gae` command's time).
-_GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
-
-
-def _gpu_may_exist() -> bool:
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    return any(os.path.exists(node) for node in _GPU_NODES)
-
-
 def resolve_device(name: str) -> str:
     """``auto`` -> ``"cuda"`` when available, else ``"cpu"``; ``cpu``; ``cuda`` / ``cuda:i`` (must exist).
 
-    Returns the device as a string, which every torch function accepts; torch is imported only when a GPU
-    may be present or one is asked for.
+    Returns the device as a string, which every torch function accepts; torch is imported only for a name
+    other than ``cpu``.
     """
     name = name.strip().lower()
-    if name == "cpu" or (name == "auto" and not _gpu_may_exist()):
+    if name == "cpu":
         return "cpu"
+    if name != "auto" and not re.fullmatch(r"cuda(:\d+)?", name):
+        raise RolloutError(
+            f"--device: expected auto, cpu, cuda or cuda:<index>, found '{one_line(name)}'.", exit_code=EXIT_USAGE
+        )
+    import torch
+
     if name == "auto":
-        import torch
-
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if re.fullmatch(r"cuda(:\d+)?", name):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise RolloutError(
-                f"--device: expected an available CUDA device, found '{name}' but no CUDA GPU "
-                "is visible. Use --device cpu or --device auto.",
-                exit_code=EXIT_USAGE,
-            )
-        index = int(name.split(":")[1]) if ":" in name else None
-        if index is not None and index >= torch.cuda.device_count():
-            raise RolloutError(
-                f"--device: expected cuda:0..cuda:{torch.cuda.device_count() - 1}, found '{name}'.",
-                exit_code=EXIT_USAGE,
-            )
-        return name
-    raise RolloutError(f"--device: expected auto, cpu, cuda or cuda:<index>, found '{name}'.", exit_code=EXIT_USAGE)
+    if not torch.cuda.is_available():
+        raise RolloutError(
+            f"--device: expected an available CUDA device, found '{name}' but no CUDA GPU is visible. "
+            "Use --device cpu or --device auto.",
+            exit_code=EXIT_USAGE,
+        )
+    count = torch.cuda.device_count()
+    if ":" in name and int(name.split(":")[1]) >= count:
+        raise RolloutError(f"--device: expected cuda:0..cuda:{count - 1}, found '{name}'.", exit_code=EXIT_USAGE)
+    return name
 
 
 @dataclass(frozen=True)
