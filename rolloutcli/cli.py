@@ -258,7 +258,10 @@ def _run(args: list[str]) -> int:
     except Exception as other:
         if not (hasattr(other, "format_message") and hasattr(other, "exit_code")):
             raise
-        _say(_usage_line(other))
+        if type(other).__name__ == "NoArgsIsHelpError":  # plain `rolloutcli`: the help, on stderr
+            sys.stderr.write(other.format_message() + "\n")
+        else:
+            _say(_usage_line(other))
         return EXIT_USAGE if other.exit_code == 2 else other.exit_code
 
 
@@ -294,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         _say(f"error: {error}")
         code = error.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C while the first was being reported
+        code = EXIT_INTERRUPTED
+    except _Signalled as stop:
+        code = stop.code
     finally:
         sys.stdout = real_stdout
         _cleanup()

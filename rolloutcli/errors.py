@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-EXIT_OK = 0
 EXIT_BAD_DATA = 1
 EXIT_USAGE = 2
 EXIT_IO = 3
