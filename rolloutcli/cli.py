@@ -34,6 +34,7 @@ from rolloutcli.cli_common import (
     StdoutClosed,
     count_option,
     emit,
+    flag,
     run_options,
 )
 from rolloutcli.errors import (
@@ -92,7 +93,7 @@ def root(
 def inspect(
     file: FileArg,
     json_output: JsonOpt = False,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when the data has problems.")] = False,
+    strict: flag("--strict", text="Exit 1 when the data has problems.") = False,
     max_memory: MemoryOpt = "1G",
     allow_external: ExternalOpt = False,
     quiet: QuietOpt = False,
@@ -128,7 +129,7 @@ def gae(
     last_values: Annotated[
         LastValues, typer.Option("--last-values", help="recorded: require the dataset; zero: the end is terminal.")
     ] = LastValues.recorded,
-    in_place: Annotated[bool, typer.Option("--in-place", help="Add the results to FILE itself (atomically).")] = False,
+    in_place: flag("--in-place", text="Add the results to FILE itself (atomically).") = False,
     overwrite: OverwriteOpt = False,
     json_output: JsonOpt = False,
     device: DeviceOpt = "auto",
@@ -161,7 +162,7 @@ def split(
         int | None,
         count_option("--max-length", metavar="K", text="Cut trajectories at K steps."),
     ] = None,
-    unpad: Annotated[bool, typer.Option("--unpad", help="Restore the [T, N, ...] rollout from split output.")] = False,
+    unpad: flag("--unpad", text="Restore the [T, N, ...] rollout from split output.") = False,
     overwrite: OverwriteOpt = False,
     json_output: JsonOpt = False,
     device: DeviceOpt = "auto",

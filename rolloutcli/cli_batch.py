@@ -22,6 +22,7 @@ from rolloutcli.cli_common import (
     QuietOpt,
     count_option,
     emit,
+    flag,
     run_options,
 )
 from rolloutcli.errors import EXIT_USAGE, RolloutError
@@ -41,25 +42,21 @@ def _groups(observations: str | None) -> tuple[str, ...] | None:
     return groups
 
 
-def _flag(name: str, text: str) -> Any:
-    return Annotated[bool, typer.Option(name, help=text)]
-
-
 FileArg = Annotated[
     Path, typer.Argument(metavar="FILE", help="Rollout file (.h5); RL modes need advantages/returns (run gae).")
 ]
 MiniBatchesOpt = Annotated[int, count_option("--num-mini-batches", "-m", text="Mini-batches per epoch.", metavar="M")]
 EpochsOpt = Annotated[int, count_option("--epochs", text="Epochs to write.", metavar="E")]
 SeedOpt = Annotated[int, count_option("--seed", text="Seed of every shuffle.", low=0, high=MAX_SEED, metavar="S")]
-RecurrentOpt = _flag("--recurrent", "Env groups of padded trajectories with hidden states.")
-DistillationOpt = _flag("--distillation", "Step ranges of observations, privileged_actions, dones.")
-ParityOpt = _flag("--rsl-parity", "Reproduce RSL-RL exactly: one order for all epochs, drop remainder.")
-ShuffleEnvsOpt = _flag("--shuffle-envs", "--recurrent: new env groups every epoch.")
+RecurrentOpt = flag("--recurrent", text="Env groups of padded trajectories with hidden states.")
+DistillationOpt = flag("--distillation", text="Step ranges of observations, privileged_actions, dones.")
+ParityOpt = flag("--rsl-parity", text="Reproduce RSL-RL exactly: one order for all epochs, drop remainder.")
+ShuffleEnvsOpt = flag("--shuffle-envs", text="--recurrent: new env groups every epoch.")
 CompressionOpt = Annotated[Compression | None, typer.Option("--compression", help="Compress shard datasets.")]
 HistoryOpt = Annotated[
     int | None, count_option("--history", text="Export history windows [B, K, ...] of observations.", metavar="K")
 ]
-AcrossOpt = _flag("--across-episodes", "--history: never reset at dones (AMP); windows may straddle episodes.")
+AcrossOpt = flag("--across-episodes", text="--history: never reset at dones (AMP); windows may straddle episodes.")
 GroupsOpt = Annotated[
     str | None, typer.Option("--observations", help="--history: observation groups to export, e.g. policy,critic.")
 ]

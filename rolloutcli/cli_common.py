@@ -38,6 +38,11 @@ class LastValues(str, enum.Enum):
     zero = "zero"
 
 
+def flag(*names: str, text: str) -> Any:
+    """A boolean option (a type alias, for a parameter defaulting to False)."""
+    return Annotated[bool, typer.Option(*names, help=text)]
+
+
 def count_option(*names: str, text: str, low: int = 1, high: int = MAX_COUNT, **more: Any) -> Any:
     """An integer option in [low, high]; the upper bound keeps huge values (10**30) from overflowing later."""
 
@@ -67,21 +72,15 @@ FolderOutputOpt = Annotated[
         "--output", "-o", metavar="FOLDER", callback=_not_stdout, help="Output folder: shards and manifest.json."
     ),
 ]
-OverwriteOpt = Annotated[
-    bool,
-    typer.Option(
-        "--overwrite", help="Replace an earlier output (a folder only if rolloutcli wrote it and it holds no input)."
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout (NaN and Inf as null).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors and --json output.")]
+OverwriteOpt = flag(
+    "--overwrite", text="Replace an earlier output (a folder only if rolloutcli wrote it, holding no input)."
+)
+JsonOpt = flag("--json", text="Print one JSON object to stdout (NaN and Inf as null).")
+QuietOpt = flag("--quiet", "-q", text="Print nothing but errors and --json output.")
 MemoryOpt = Annotated[
     str, typer.Option("--max-memory", metavar="SIZE", help="Memory budget of one block: 64K, 256M, 2G ...")
 ]
-ExternalOpt = Annotated[
-    bool,
-    typer.Option("--allow-external", help="Trust soft/external links, external storage and virtual datasets."),
-]
+ExternalOpt = flag("--allow-external", text="Trust soft/external links, external storage and virtual datasets.")
 DeviceOpt = Annotated[
     str,
     typer.Option(
