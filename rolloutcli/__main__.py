@@ -11,10 +11,11 @@ import sys
 def run() -> None:
     try:
         from rolloutcli.cli import main
+
+        main()  # ends the process itself; a Ctrl-C before its handlers are in place lands below
     except KeyboardInterrupt:
         sys.stderr.write("interrupted: no output was written.\n")
         os._exit(130)
-    main()
 
 
 if __name__ == "__main__":
