@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-EXIT_OK = 0
 EXIT_BAD_DATA = 1
 EXIT_USAGE = 2
 EXIT_IO = 3
 EXIT_UNSAFE = 4
+EXIT_HANGUP = 129  # SIGHUP: the terminal or ssh session closed (128 + 1)
 EXIT_INTERRUPTED = 130  # SIGINT, as shells report it (128 + 2)
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
 

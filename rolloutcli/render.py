@@ -1,11 +1,64 @@
-"""Render pipeline results (plain dicts) for people: rich tables and a terminal histogram on stdout."""
+"""Render pipeline results (plain dicts) for people and scripts: text on stdout, progress bars on stderr.
+
+Every string in a result may come from an untrusted file (paths, dataset names, attributes). ``printable``
+turns each into one line without control characters, and the consoles never parse rich markup or emoji
+codes, so a name such as ``extra[/bold]`` or one holding terminal escape sequences prints as it is spelled.
+``--json`` output holds no NaN or Infinity (not JSON): non-finite numbers become ``null``.
+"""
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import sys
+import time
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from rolloutcli.errors import one_line
+
+stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
+
+# Test hook: when set to a number of seconds, the first block of every command prints one line
+# "rolloutcli: test pause after block 1 ..." on stderr and sleeps, so a test can signal the process while its
+# output is half written (README: "How it is tested").
+TEST_PAUSE_ENV = "ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK"
+
+
+def printable(value: Any) -> Any:
+    """``value`` with every string (keys too) made one printable line, recursively through dicts and lists."""
+    if isinstance(value, (str, os.PathLike)):
+        return one_line(str(value))
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable(v) for v in value]
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready data: numpy scalars and arrays as Python values, non-finite floats as None."""
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):  # numpy scalar or array, torch tensor
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return value
+
+
+def to_json(result: dict[str, Any]) -> str:
+    """One JSON object on one line; NaN and Infinity become null."""
+    return json.dumps(_plain(result), default=str, allow_nan=False)
 
 
 def _size(num: float) -> str:
@@ -24,44 +77,73 @@ def _num(value: Any) -> str:
     return str(value)
 
 
+class RichProgress:
+    """A ``Progress`` that draws a rich bar on stderr (nothing when quiet or not a terminal)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.enabled = not quiet and stderr.is_terminal  # rich would still print a blank line into a pipe
+        self._bar: Any = None
+        self._task: Any = None
+        self._pause = float(os.environ.get(TEST_PAUSE_ENV) or 0)
+
+    def start(self, description: str, total: int) -> None:
+        if not self.enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.finish()
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self._bar = Progress(*columns, console=stderr, transient=True)
+        self._bar.start()
+        self._task = self._bar.add_task(one_line(description), total=total)
+
+    def advance(self, amount: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task, amount)
+        if self._pause > 0:
+            self._test_pause()
+
+    def _test_pause(self) -> None:
+        """The test hook: announce the first block on stderr, then sleep."""
+        from rolloutcli.hdf5.atomic import live_temporaries
+
+        pause, self._pause = self._pause, 0.0
+        writing = " ".join(sorted(os.path.basename(p) for p in live_temporaries())) or "nothing"
+        sys.stderr.write(f"rolloutcli: test pause after block 1 (writing {writing})\n")
+        sys.stderr.flush()
+        time.sleep(pause)
+
+    def finish(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def warn(self, message: str) -> None:
+        """A warning about the data: one line on stderr, unless --quiet."""
+        if not self.quiet:
+            stderr.print(f"warning: {one_line(message)}")
+
+
 def render_inspect(console: Console, report: dict[str, Any]) -> None:
     """Print an ``inspect`` report: header, fields, episodes and histogram, statistics, warnings."""
     fmt = report["format"]
     console.print(
-        f"[bold]{report['file']}[/bold]  {_size(report['size_bytes'])}  T={report['T']} steps x "
-        f"N={report['N']} envs  format={fmt['name'] or 'unlabelled'} v{fmt['version'] or '-'}"
+        Text.assemble(
+            (report["file"], "bold"),
+            f"  {_size(report['size_bytes'])}  T={report['T']} steps x N={report['N']} envs  "
+            f"format={fmt['name'] or 'unlabelled'} v{fmt['version'] or '-'}",
+        )
     )
     fields = Table(title="fields", title_justify="left")
     for column in ("dataset", "role", "shape", "dtype", "chunks", "compression", "size"):
         fields.add_column(column, no_wrap=column in ("dataset", "shape"))
     for spec in report["fields"]:
-        fields.add_row(
-            spec["name"],
-            spec["role"],
-            str(tuple(spec["shape"])),
-            spec["dtype"],
-            str(tuple(spec["chunks"])) if spec["chunks"] else "contiguous",
-            spec["compression"] or "-",
-            _size(spec["nbytes"]),
-        )
+        chunks = str(tuple(spec["chunks"])) if spec["chunks"] else "contiguous"
+        row = (spec["name"], spec["role"], str(tuple(spec["shape"])), spec["dtype"], chunks, spec["compression"])
+        fields.add_row(*(Text(str(cell or "-")) for cell in row), _size(spec["nbytes"]))
     console.print(fields)
-
-    episodes = report["episodes"]
-    lengths = episodes["lengths"]
-    console.print(
-        f"[bold]episodes[/bold]: {episodes['completed']} completed ({episodes['terminations']} terminations, "
-        f"{episodes['time_outs']} time-outs), {episodes['started_before_recording']} started before the "
-        f"recording, {episodes['unfinished']} unfinished at the end"
-    )
-    if lengths["count"]:
-        console.print(
-            f"  length of {lengths['count']} fully recorded episodes: min {lengths['min']}  "
-            f"mean {lengths['mean']:.1f}  p5 {lengths['p5']}  p25 {lengths['p25']}  "
-            f"median {lengths['p50']}  p75 {lengths['p75']}  p95 {lengths['p95']}  max {lengths['max']}"
-        )
-    _histogram(console, episodes["histogram"])
-    per_env = episodes["per_env"]
-    console.print(f"  episodes per env: min {per_env['min']}  mean {per_env['mean']:.2f}  max {per_env['max']}")
+    _episodes(console, report["episodes"])
 
     stats = Table(title="statistics", title_justify="left")
     for column in ("field", "mean", "std", "min", "max", "non-finite"):
@@ -84,17 +166,33 @@ def render_inspect(console: Console, report: dict[str, Any]) -> None:
     if report["extras"]:
         console.print("extra datasets (carried along): " + ", ".join(report["extras"]))
     for warning in report["warnings"]:
-        console.print(f"[yellow]warning[/yellow]: {warning}", markup=True)
+        console.print(Text.assemble(("warning", "yellow"), f": {warning}"))
 
 
-def _histogram(console: Console, bins: list[dict[str, int]], width: int = 40) -> None:
-    if not bins:
-        return
-    peak = max(b["count"] for b in bins) or 1
+def _episodes(console: Console, episodes: dict[str, Any]) -> None:
+    lengths = episodes["lengths"]
+    console.print(
+        Text.assemble(
+            ("episodes", "bold"),
+            f": {episodes['completed']} completed ({episodes['terminations']} terminations, "
+            f"{episodes['time_outs']} time-outs), {episodes['started_before_recording']} started before the "
+            f"recording, {episodes['unfinished']} unfinished at the end",
+        )
+    )
+    if lengths["count"]:
+        console.print(
+            f"  length of {lengths['count']} fully recorded episodes: min {lengths['min']}  "
+            f"mean {lengths['mean']:.1f}  p5 {lengths['p5']}  p25 {lengths['p25']}  "
+            f"median {lengths['p50']}  p75 {lengths['p75']}  p95 {lengths['p95']}  max {lengths['max']}"
+        )
+    bins = episodes["histogram"]
+    peak = max((b["count"] for b in bins), default=0) or 1
     for b in bins:
         label = f"{b['from']}-{b['to']}" if b["from"] != b["to"] else f"{b['from']}"
-        bar = "█" * max(1 if b["count"] else 0, round(width * b["count"] / peak))
-        console.print(f"  {label:>11} | {bar} {b['count']}", markup=False)
+        bar = "█" * max(1 if b["count"] else 0, round(40 * b["count"] / peak))
+        console.print(f"  {label:>11} | {bar} {b['count']}")
+    per_env = episodes["per_env"]
+    console.print(f"  episodes per env: min {per_env['min']}  mean {per_env['mean']:.2f}  max {per_env['max']}")
 
 
 def _stats_line(name: str, moments: dict[str, Any]) -> str:
@@ -123,7 +221,7 @@ def render_gae(console: Console, summary: dict[str, Any]) -> None:
     )
     console.print(_stats_line("advantages", summary["advantages"]))
     console.print(_stats_line("returns", summary["returns"]))
-    console.print(f"done in {summary['seconds']:.3f} s")
+    console.print(f"done in {summary['seconds']:.2f} s")
 
 
 def render_split(console: Console, summary: dict[str, Any]) -> None:
@@ -131,9 +229,9 @@ def render_split(console: Console, summary: dict[str, Any]) -> None:
     if "padded_length" not in summary:
         console.print(
             f"unpad {summary['input']} -> {summary['output']}: {summary['trajectories']} trajectories "
-            f"back to T={summary['T']} x N={summary['N']} ({len(summary['fields'])} fields) in "
-            f"{summary['seconds']:.3f} s"
+            f"back to T={summary['T']} x N={summary['N']} ({len(summary['fields'])} fields)"
         )
+        console.print(f"done in {summary['seconds']:.2f} s")
         return
     lengths = summary["trajectory_lengths"]
     console.print(
@@ -148,6 +246,42 @@ def render_split(console: Console, summary: dict[str, Any]) -> None:
     )
     console.print(
         f"padding overhead: {_size(summary['padded_bytes'])} from {_size(summary['input_bytes'])} "
-        f"({summary['padding_overhead']:.2f}x)  {len(summary['fields'])} fields, "
-        f"{summary['blocks']} env block(s), {summary['seconds']:.3f} s"
+        f"({summary['padding_overhead']:.2f}x)  {len(summary['fields'])} fields, {summary['blocks']} env block(s)"
     )
+    console.print(f"done in {summary['seconds']:.2f} s")
+
+
+# Below this many bytes written a throughput figure says more about start-up than about writing.
+_RATE_MIN_BYTES = 64 << 20
+
+
+def render_batch(console: Console, summary: dict[str, Any]) -> None:
+    """Print a ``batch`` summary: what was written, how rows were ordered, what was dropped, time."""
+    console.print(
+        f"batch {summary['input']} -> {summary['output']}  ({summary['mode']}, T={summary['T']}, N={summary['N']})"
+    )
+    unit = "windows" if summary["mode"] == "history" else "rows"
+    console.print(
+        f"{summary['entries']} mini-batches ({summary['epochs']} epoch(s) x {summary['num_mini_batches']}) in "
+        f"{summary['files']} shard file(s), {_size(summary['bytes_written'])}, "
+        f"{summary['rows_per_epoch']} {unit} per epoch"
+    )
+    if summary["mode"] == "history":
+        episodes = "straddling episode ends" if summary["across_episodes"] else "inside one episode"
+        console.print(
+            f"history windows of {summary['history']} steps ({', '.join(summary['groups'])}), {episodes}, no padding"
+        )
+    console.print(f"order: {summary['order']} (seed {summary['seed']})")
+    if summary["dropped_rows"]:
+        envs = f" ({len(summary['dropped_envs'])} envs)" if summary["dropped_envs"] else ""
+        console.print(f"dropped (RSL-RL parity): {summary['dropped_rows']} rows{envs}")
+    gae = summary.get("gae") or {}
+    if gae.get("gamma") is not None:
+        console.print(
+            f"gae from the source: gamma {gae['gamma']}  lambda {gae['lambda']}  "
+            f"normalized {gae['advantages_normalized']}"
+        )
+    how = f"streamed in {summary['blocks']} blocks" if summary["streamed"] else "in memory"
+    seconds, written = summary["seconds"], summary["bytes_written"]
+    rate = f", {written / seconds / 1e9:.2f} GB/s written" if written >= _RATE_MIN_BYTES and seconds > 0 else ""
+    console.print(f"done in {seconds:.2f} s ({how}{rate})")

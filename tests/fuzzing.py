@@ -6,7 +6,7 @@ which calls ``rolloutcli.cli.main(argv)`` in-process for each job and reports on
 pipe. When the child dies (a signal: segfault, abort) or stops answering (a hang), the parent records the
 job it was on and starts a new child at the next job.
 
-For every job the child checks what docs/promises.md promises on failure and success: only a
+For every job the child checks what the README promises on failure and success: only a
 ``RolloutError`` ends a run (any other exception escaping ``main`` is a problem), failures print exactly one
 ``error:`` line and nothing on stdout, no output and no temporary file is left after a failure, the input
 is unchanged (unless an in-place run succeeded), and no secret string from outside the file shows up.

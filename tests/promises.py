@@ -1,4 +1,4 @@
-"""The commands whose promises (docs/promises.md) the ``test_promises_*`` files check, and their shared helpers.
+"""The commands whose promises (README, promises) the ``test_promises_*`` files check, and their shared helpers.
 
 Every fault, bad-input, hostile-file and fuzz table iterates ``COMMANDS``: adding a command to all of them is
 one line here. A command is described by how to build its argv from an input and an output path, what it

@@ -181,7 +181,7 @@ def test_env_chunked_source_streams_by_env_with_identical_shards(sources, tmp_pa
 
 def test_manifest_content(sources, tmp_path, cli) -> None:
     src, _ = sources["gru"]
-    code, out, err = cli("batch", src, "-o", tmp_path / "s", "--num-mini-batches", 4, "--epochs", 2, "--seed", 9, "-q")
+    code, out, err = cli("batch", src, "-o", tmp_path / "s", "--num-mini-batches", 4, "--epochs", 2, "--seed", 9)
     assert code == 0, err
     assert "mini-batches" in out
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())

@@ -214,7 +214,7 @@ def test_tiny_memory_budget_gives_identical_shards(source, tmp_path, options: di
 
 def test_manifest_content(source, tmp_path, cli) -> None:
     src, arrays = source
-    args = ("--history", 3, "-m", 4, "--epochs", 2, "--seed", 9, "--observations", "policy", "-q")
+    args = ("--history", 3, "-m", 4, "--epochs", 2, "--seed", 9, "--observations", "policy")
     code, out, err = cli("batch", src, "-o", tmp_path / "s", *args)
     assert code == 0, err
     assert "windows per epoch" in out and "history windows of 3 steps" in out

@@ -1,4 +1,4 @@
-"""Faults never damage data (docs/promises.md): signals mid-write, a full disk, bad output paths, locked inputs.
+"""Faults never damage data (README, promises): signals mid-write, a full disk, bad output paths, locked inputs.
 
 Every test iterates ``promises.COMMANDS``. Signals and file-size limits need a real process: those tests run
 ``python -m rolloutcli`` children, all at once from a module fixture (each child spends ~2 s importing torch),

@@ -1,4 +1,4 @@
-"""Byte-mutation fuzzing (docs/promises.md): mutants of a compressed, checksummed file through every command.
+"""Byte-mutation fuzzing (README, promises): mutants of a compressed, checksummed file through every command.
 
 2,000 seeded mutants (gzip + shuffle + fletcher32, small chunks; 70% of the edits land in the HDF5 metadata)
 run in child processes (``fuzzing.run_fuzz``, two at once where there are two cores); mutant ``i`` goes

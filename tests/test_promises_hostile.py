@@ -1,4 +1,4 @@
-"""Hostile files (docs/promises.md): a generated corpus, every case through every command of ``COMMANDS``.
+"""Hostile files (README, promises): a generated corpus, every case through every command of ``COMMANDS``.
 
 Each case turns a valid input of the command into a hostile one: links and storage outside the file, virtual
 datasets, hard-link cycles, unknown filters, absurd declared sizes, decompression bombs, filtered chunks too

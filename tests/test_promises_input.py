@@ -1,4 +1,4 @@
-"""Bad input (docs/promises.md): every validation rule, through every command of ``COMMANDS``, via the CLI.
+"""Bad input (README, promises): every validation rule, through every command of ``COMMANDS``, via the CLI.
 
 For each rule and command: exit 1, one ``error:`` line naming the field and the problem, no output and no
 temporary file left, and the input's bytes unchanged (hash before and after). Rules of the rollout format

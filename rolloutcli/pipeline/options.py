@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 
-from rolloutcli.errors import EXIT_USAGE, RolloutError
+from rolloutcli.errors import EXIT_USAGE, RolloutError, one_line
 from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, SafetyOptions
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_SIZE = 1 << 50  # 1024T: a budget beyond any machine, and far from any integer overflow
 
 
 def parse_size(text: str) -> int:
@@ -20,53 +21,41 @@ def parse_size(text: str) -> int:
         raise RolloutError(
             f"--max-memory: expected a size such as 64K, 256M or 2G, found '{text}'.", exit_code=EXIT_USAGE
         )
-    size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    size = int(Fraction(match.group(1)) * _UNITS[match.group(2).upper()])  # exact: no float overflow
     if size < 1024:
         raise RolloutError(f"--max-memory: expected at least 1K, found '{text}'.", exit_code=EXIT_USAGE)
+    if size > MAX_SIZE:
+        raise RolloutError(f"--max-memory: expected at most 1024T, found '{one_line(text)}'.", exit_code=EXIT_USAGE)
     return size
-
-
-# Device nodes a CUDA (or ROCm) GPU needs. Where none exists torch.cuda.is_available() is False for certain, so
-# `--device auto` resolves to the CPU without importing torch (about a second of the `gae` command's time).
-_GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
-
-
-def _gpu_may_exist() -> bool:
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    return any(os.path.exists(node) for node in _GPU_NODES)
 
 
 def resolve_device(name: str) -> str:
     """``auto`` -> ``"cuda"`` when available, else ``"cpu"``; ``cpu``; ``cuda`` / ``cuda:i`` (must exist).
 
-    Returns the device as a string, which every torch function accepts; torch is imported only when a GPU
-    may be present or one is asked for.
+    Returns the device as a string, which every torch function accepts; torch is imported only for a name
+    other than ``cpu``.
     """
     name = name.strip().lower()
-    if name == "cpu" or (name == "auto" and not _gpu_may_exist()):
+    if name == "cpu":
         return "cpu"
+    if name != "auto" and not re.fullmatch(r"cuda(:\d+)?", name):
+        raise RolloutError(
+            f"--device: expected auto, cpu, cuda or cuda:<index>, found '{one_line(name)}'.", exit_code=EXIT_USAGE
+        )
+    import torch
+
     if name == "auto":
-        import torch
-
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if re.fullmatch(r"cuda(:\d+)?", name):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise RolloutError(
-                f"--device: expected an available CUDA device, found '{name}' but no CUDA GPU "
-                "is visible. Use --device cpu or --device auto.",
-                exit_code=EXIT_USAGE,
-            )
-        index = int(name.split(":")[1]) if ":" in name else None
-        if index is not None and index >= torch.cuda.device_count():
-            raise RolloutError(
-                f"--device: expected cuda:0..cuda:{torch.cuda.device_count() - 1}, found '{name}'.",
-                exit_code=EXIT_USAGE,
-            )
-        return name
-    raise RolloutError(f"--device: expected auto, cpu, cuda or cuda:<index>, found '{name}'.", exit_code=EXIT_USAGE)
+    if not torch.cuda.is_available():
+        raise RolloutError(
+            f"--device: expected an available CUDA device, found '{name}' but no CUDA GPU is visible. "
+            "Use --device cpu or --device auto.",
+            exit_code=EXIT_USAGE,
+        )
+    count = torch.cuda.device_count()
+    if ":" in name and int(name.split(":")[1]) >= count:
+        raise RolloutError(f"--device: expected cuda:0..cuda:{count - 1}, found '{name}'.", exit_code=EXIT_USAGE)
+    return name
 
 
 @dataclass(frozen=True)
@@ -79,8 +68,10 @@ class RunOptions:
 
     @classmethod
     def from_cli(
-        cls, device: str = "auto", max_memory: str = "1G", allow_external: bool = False, *, auto: str | None = None
+        cls, device: str = "cpu", max_memory: str = "1G", allow_external: bool = False, *, auto: str | None = None
     ) -> RunOptions:
-        """``auto`` (if given) is what ``--device auto`` means for this command (``gae`` runs on the CPU)."""
+        """Options from their command-line spelling; ``auto`` (if given) is what ``--device auto`` means for this
+        command (``gae`` runs on the CPU). Commands that compute nothing on a device leave ``device`` at ``cpu``.
+        """
         name = auto if auto is not None and device.strip().lower() == "auto" else device
         return cls(resolve_device(name), parse_size(max_memory), SafetyOptions(allow_external=allow_external))
