@@ -1,6 +1,6 @@
 """The numbers ``inspect`` shows, computed blockwise and merged, as plain data.
 
-``Moments`` and ``EnvMoments`` live in :mod:`rolloutcli.core.moments` (numpy only) and are re-exported here.
+``Moments`` and ``ExactMoments`` live in :mod:`rolloutcli.core.moments` (numpy only) and are re-exported here.
 
 Every accumulator here can be built from one env block and merged with another (``merge``), so a file
 larger than memory is summarised block by block with the same result as a single pass.
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rolloutcli.core.moments import EnvMoments, Moments
+from rolloutcli.core.moments import ExactMoments, Moments
 
-__all__ = ["EnvMoments", "EpisodeStats", "Moments"]
+__all__ = ["EpisodeStats", "ExactMoments", "Moments"]
 
 
 @dataclass
