@@ -52,9 +52,8 @@ def bootstrap_rewards(rewards: Any, values: Any, time_outs: Any, gamma: float) -
     """
     if isinstance(values, np.ndarray):
         gamma = values.dtype.type(gamma)  # torch rounds a Python float to the tensor's dtype the same way
-        with np.errstate(all="ignore"):  # overflow gives inf, as in torch, which says nothing either
-            return rewards + gamma * (values * (time_outs != 0))
-    return rewards + gamma * (values * (time_outs != 0))
+    with np.errstate(all="ignore"):  # overflow gives inf, as in torch, which says nothing either
+        return rewards + gamma * (values * (time_outs != 0))
 
 
 def normalize_array(advantages: np.ndarray, mean: float, std: float) -> np.ndarray:
