@@ -99,8 +99,8 @@ _EXACT_CHUNK = 1 << 27
 
 
 def _exponent_sums(weights: np.ndarray, exponents: np.ndarray, scale: int) -> int:
-    """``sum(weights) * 2**scale`` exactly, given that the weights sharing an exponent (0..255) are multiples of
-    ``2**-scale`` below ``2**25`` of those units: their partial sums stay exact in float64."""
+    """``sum(weights) * 2**scale`` exactly, given that the weights sharing an exponent (0..255) are multiples of one
+    step (at least ``2**-scale``) below ``2**24`` steps: their partial sums stay exact in float64."""
     total = 0
     for start in range(0, weights.size, _EXACT_CHUNK):
         part = np.bincount(exponents[start : start + _EXACT_CHUNK], weights[start : start + _EXACT_CHUNK], 256)
@@ -113,10 +113,11 @@ class ExactMoments:
     """Count, exact sum and exact sum of squares of float32 values, min, max and the count of non-finite ones.
 
     A float32 with exponent field ``e`` is a multiple of ``u = 2**(max(e, 1) - 150)`` below ``2**24 u``; split at
-    its 12th mantissa bit, ``x = h + l``, the float64 terms ``x``, ``h * h``, ``2 * h * l`` and ``l * l`` are exact
-    multiples of ``u`` (or ``u**2``) below ``2**25`` of those units. Summed per exponent they stay exact, and so
-    do the Python integers they are combined into. The mean and the unbiased std are therefore exactly rounded,
-    and the same whatever the order, the blocks or the threads the values came in.
+    its 12th mantissa bit, ``x = h + l``, the float64 terms ``x``, ``h * h``, ``h * l`` and ``l * l`` are exact
+    multiples of a step (``u``, ``2**24 u**2``, ``2**12 u**2``, ``u**2``) below ``2**24`` steps. Summed per
+    exponent they stay exact, and so do the Python integers they are combined into. The mean and the unbiased
+    std are therefore exactly rounded, and the same whatever the order, the blocks or the threads the values
+    came in.
     """
 
     count: int = 0
@@ -130,21 +131,26 @@ class ExactMoments:
     def of(cls, values: Any) -> ExactMoments:
         """Moments of one block of float32 values (any shape; numpy array or tensor)."""
         flat = np.ascontiguousarray(host_array(values), dtype=np.float32).reshape(-1)
-        exponents = (flat.view(np.uint32) >> 23) & 0xFF
-        finite = exponents != 0xFF
-        nonfinite = int(flat.size - np.count_nonzero(finite))
+        exponents = ((flat.view(np.uint32) >> 23) & 0xFF).astype(np.intp)
+        nonfinite = int(np.count_nonzero(exponents == 0xFF))
         if nonfinite:
+            finite = exponents != 0xFF
             flat, exponents = flat[finite], exponents[finite]
         if flat.size == 0:
             return cls(nonfinite=nonfinite)
         high = (flat.view(np.uint32) & np.uint32(0xFFFFF000)).view(np.float32)
         low = (flat - high).astype(np.float64)
         high = high.astype(np.float64)
-        squares = [high * high, 2.0 * high * low, low * low]
+        cross = high * low
+        squares = (  # x * x = h * h + 2 * h * l + l * l, each sum exact
+            _exponent_sums(np.square(high, out=high), exponents, 298)
+            + 2 * _exponent_sums(cross, exponents, 298)
+            + _exponent_sums(np.square(low, out=low), exponents, 298)
+        )
         return cls(
             int(flat.size),
             _exponent_sums(flat.astype(np.float64), exponents, 149),
-            sum(_exponent_sums(part, exponents, 298) for part in squares),
+            squares,
             float(flat.min()),
             float(flat.max()),
             nonfinite,
