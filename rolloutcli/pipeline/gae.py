@@ -163,36 +163,25 @@ def _compute(
 
 def _check_fields(reader: RolloutReader, options: GaeOptions) -> None:
     """Everything GAE needs is there (every problem at once, exit 1)."""
-    path, fields = reader.path, reader.schema.fields
-    problems = []
-    if "values" not in fields:
-        problems.append(
-            problem_line(
-                path, "values", "a dataset [T, N] of V(s_t)", "nothing", "gae needs the critic's values; record them."
-            )
-        )
-    if "last_values" not in fields and options.last_values == "recorded":
-        problems.append(
-            problem_line(
-                path,
-                "last_values",
-                "a dataset [N] of V(s_T) to bootstrap the rollout end",
-                "nothing",
-                "Record it, or pass --last-values zero to treat the end of the rollout as terminal.",
-            )
-        )
-    if options.bootstrap_timeouts and "time_outs" not in fields:
-        problems.append(
-            problem_line(
-                path,
-                "time_outs",
-                "a dataset [T, N] for --bootstrap-timeouts",
-                "nothing",
-                "Record time-outs, or pass --no-bootstrap-timeouts.",
-            )
-        )
+    fields, recorded = reader.schema.fields, options.last_values == "recorded"
+    missing = [
+        ("values", "values" not in fields, "a dataset [T, N] of V(s_t)", "gae needs the critic's values; record them."),
+        (
+            "last_values",
+            recorded and "last_values" not in fields,
+            "a dataset [N] of V(s_T) to bootstrap the rollout end",
+            "Record it, or pass --last-values zero to treat the end of the rollout as terminal.",
+        ),
+        (
+            "time_outs",
+            options.bootstrap_timeouts and "time_outs" not in fields,
+            "a dataset [T, N] for --bootstrap-timeouts",
+            "Record time-outs, or pass --no-bootstrap-timeouts.",
+        ),
+    ]
+    problems = [problem_line(reader.path, name, what, "nothing", fix) for name, bad, what, fix in missing if bad]
     if problems:
-        raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
+        raise RolloutError.many(reader.path, problems, exit_code=EXIT_BAD_DATA)
 
 
 def _flag_attribute(path: Path, attrs: dict[str, Any], name: str) -> bool:
@@ -271,7 +260,8 @@ def _write(
     inputs = [n for n in ("rewards", "values", "dones", "time_outs") if n in fields]
     # bytes per env in flight: inputs as stored + float32 copies + A, R (and bootstrapped rewards)
     blocks = reader.blocks(inputs, budget=max(run.max_memory // 4, 1))
-    needed = ["rewards", "values", "dones"] + (["time_outs"] if rewards.bootstrap else [])
+    as_read = rewards.raw is None and not rewards.bootstrap  # else _block_rewards reads them in their own dtype
+    needed = ["values", "dones"] + (["rewards"] if as_read else []) + (["time_outs"] if rewards.bootstrap else [])
     if "last_values" in fields and options.last_values == "recorded":
         needed.append("last_values")
     raw_moments, return_moments, bootstrapped = ExactMoments(), ExactMoments(), 0
@@ -297,7 +287,7 @@ def _write(
     if options.normalize:
         moments = _normalize(out, blocks, kept, raw_moments, progress)
     progress.finish()
-    _set_attributes(out, reader, rewards, options, raw_moments)
+    _set_attributes(out, rewards, options, raw_moments)
     return {
         "T": reader.T,
         "N": reader.N,
@@ -333,20 +323,21 @@ def _normalize(
 
 
 def _set_attributes(
-    out: OpenCopy, reader: RolloutReader, rewards: _Rewards, options: GaeOptions, raw: ExactMoments
+    out: OpenCopy, rewards: _Rewards, options: GaeOptions, raw: ExactMoments
 ) -> None:
-    attrs: dict[str, Any] = {
-        "gae_gamma": options.gamma,
-        "gae_lambda": options.lam,
-        "advantages_normalized": options.normalize,
-        "timeouts_bootstrapped": rewards.bootstrap or rewards.already,
-        "last_values_mode": options.last_values,
-    }
     normalized = options.normalize  # an earlier run's statistics are removed when this one does not normalise
-    attrs["advantages_normalization"] = "exact" if normalized else None
-    attrs["advantages_raw_mean"] = raw.mean if normalized else None
-    attrs["advantages_raw_std"] = raw.std if normalized else None
-    out.set_attrs(attrs)
+    out.set_attrs(
+        {
+            "gae_gamma": options.gamma,
+            "gae_lambda": options.lam,
+            "advantages_normalized": normalized,
+            "timeouts_bootstrapped": rewards.bootstrap or rewards.already,
+            "last_values_mode": options.last_values,
+            "advantages_normalization": "exact" if normalized else None,
+            "advantages_raw_mean": raw.mean if normalized else None,
+            "advantages_raw_std": raw.std if normalized else None,
+        }
+    )
 
 
 def _number(value: float) -> float | None:
