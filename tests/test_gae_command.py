@@ -302,6 +302,14 @@ def test_rerun_with_another_gamma_without_raw_rewards_is_refused(tmp_path: Path,
         "run gae on the recording with its raw rewards."
     )
     assert cli("gae", tmp_path / "g98.h5", "-o", tmp_path / "o.h5", "--gamma", "0.98", "-q")[0] == 0
+    with h5py.File(tmp_path / "g98.h5", "r+") as handle:
+        handle["rewards_raw"] = np.zeros(10, np.float32)  # not rewards of shape [T, N]
+    code, _, err = cli("gae", tmp_path / "g98.h5", "-o", tmp_path / "o2.h5", "--gamma", "0.99")
+    assert code == 1 and not (tmp_path / "o2.h5").exists()
+    assert err.strip() == (
+        f"error: {tmp_path / 'g98.h5'}: field 'rewards_raw': expected float raw rewards of the shape of rewards "
+        "[10, 3], found float32 [10]. Store the recorded rewards there, or run gae on the recording."
+    )
 
 
 @pytest.mark.parametrize(("value", "shown"), [("false", "'false'"), ([False], "[False]"), (2, "2"), (0.5, "0.5")])

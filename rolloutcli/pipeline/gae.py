@@ -207,16 +207,22 @@ def _plan_rewards(reader: RolloutReader, options: GaeOptions) -> _Rewards:
     if not isinstance(recorded, (int, float)) or float(recorded) == float(options.gamma):
         return _Rewards(bootstrap=False, already=True, raw=None)  # bootstrapped with this gamma: never twice
     if "rewards_raw" not in fields:
-        raise RolloutError(
-            problem_line(
-                reader.path,
-                "rewards_raw",
-                f"the raw rewards to bootstrap with --gamma {options.gamma} (the rewards hold a time-out "
-                f"bootstrap with gae_gamma {recorded})",
-                "nothing",
-                f"Pass --gamma {recorded}, or run gae on the recording with its raw rewards.",
-            ),
-            exit_code=EXIT_BAD_DATA,
+        raise RolloutError.field(
+            reader.path,
+            "rewards_raw",
+            f"the raw rewards to bootstrap with --gamma {options.gamma} (the rewards hold a time-out bootstrap "
+            f"with gae_gamma {recorded})",
+            "nothing",
+            f"Pass --gamma {recorded}, or run gae on the recording with its raw rewards.",
+        )
+    raw, stored = fields["rewards_raw"], fields["rewards"]
+    if raw.shape != stored.shape or raw.dtype.kind != "f":
+        raise RolloutError.field(
+            reader.path,
+            "rewards_raw",
+            f"float raw rewards of the shape of rewards {list(stored.shape)}",
+            f"{raw.dtype} {list(raw.shape)}",
+            "Store the recorded rewards there, or run gae on the recording.",
         )
     return _Rewards(bootstrap=wanted, already=False, raw="rewards_raw" if wanted else "rewards")
 
