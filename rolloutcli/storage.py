@@ -197,10 +197,9 @@ class RolloutStorage:
         """Fill ``returns`` and ``advantages`` ``[T, N, 1]`` with GAE, exactly as RSL-RL's PPO computes them.
 
         Returns and un-normalised advantages (``returns - values``) have the same bits as RSL-RL's loop and as
-        ``rolloutcli gae`` (:func:`rolloutcli.core.gae.compute_gae`). The normalisation is RSL-RL's own code,
-        torch's float32 ``mean()``/``std()`` on this storage's tensor, so in one process the result is RSL-RL's
-        bit for bit (``rolloutcli gae`` uses exactly rounded statistics instead: its bytes must not depend on
-        threads or devices). One step of one env normalises to NaN, as in RSL-RL.
+        ``rolloutcli gae``. The normalisation is RSL-RL's own line (torch's float32 ``mean()``/``std()``), so in
+        one process the result is RSL-RL's bit for bit; ``rolloutcli gae`` uses exactly rounded statistics
+        instead (its bytes must not depend on threads or devices). One value normalises to NaN, as in RSL-RL.
 
         Args:
             last_values: V(s_T), ``[N]`` or ``[N, 1]``; defaults to the ``last_values`` loaded from a file.
@@ -213,8 +212,7 @@ class RolloutStorage:
                 never bootstraps twice.
 
         Raises:
-            ValueError: no last values; or the rewards hold a time-out bootstrap with another gamma
-                (the file's ``gae_gamma``), which this call would mix with ``gamma``.
+            ValueError: no last values, or the rewards hold a bootstrap with another gamma (``gae_gamma``).
         """
         from rolloutcli.core.gae import bootstrap_time_outs as bootstrap
         from rolloutcli.core.gae import compute_gae
