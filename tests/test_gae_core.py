@@ -19,7 +19,7 @@ from tensordict import TensorDict
 
 from rolloutcli.core import native
 from rolloutcli.core.gae import bootstrap_time_outs, compute_gae, normalize_advantages
-from rolloutcli.core.gae_numpy import normalize_array
+from rolloutcli.core.gae_numpy import gae_arrays, normalize_array
 from rolloutcli.core.moments import ExactMoments
 
 BACKENDS = ["cpu", "torch"]
@@ -490,3 +490,26 @@ def test_exact_moments_edge_cases():
     tiny = np.array([1e-45, -1e-45, 3e-39, 0.0, -0.0], np.float32)  # subnormals and signed zeros
     assert ExactMoments.of(tiny).mean == float(sum(Fraction(float(v)) for v in tiny) / 5)
     assert ExactMoments.of(np.full(7, 2.5, np.float32)).std == 0.0
+
+
+def _numpy_rollout():
+    rng = np.random.default_rng(1)
+    r, v = rng.standard_normal((2, 300, 2048), dtype=np.float32)
+    return r, v, (rng.random((300, 2048)) < 0.05).astype(np.uint8), rng.standard_normal(2048, dtype=np.float32)
+
+
+def _gae_in_child(queue):
+    queue.put(gae_arrays(*_numpy_rollout(), GAMMA, LAM, threads=4)[1].tobytes())  # no torch op: libgomp is not
+
+
+def test_a_forked_child_computes_after_the_parent_used_the_threads():
+    import multiprocessing
+
+    expected = gae_arrays(*_numpy_rollout(), GAMMA, LAM, threads=4)[1].tobytes()  # the parent's pool starts here
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_gae_in_child, args=(queue,))
+    child.start()
+    result = queue.get(timeout=60)
+    child.join(10)
+    assert child.exitcode == 0 and result == expected

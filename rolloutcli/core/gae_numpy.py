@@ -140,8 +140,9 @@ def _gae_loop(
 
 
 @functools.cache
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="rolloutcli-gae")
+def _pool(pid: int) -> ThreadPoolExecutor:
+    """This process's pool (a forked child gets its own: the parent's threads do not exist there)."""
+    return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix=f"rolloutcli-gae-{pid}")
 
 
 def _gae_compiled(arrays: tuple[np.ndarray, ...], gamma: float, lam: float, threads: int) -> None:
@@ -154,6 +155,6 @@ def _gae_compiled(arrays: tuple[np.ndarray, ...], gamma: float, lam: float, thre
     if len(blocks) == 1:
         native.gae_columns(kernel_arrays, gamma, lam, 0, envs)
         return
-    jobs = [_pool().submit(native.gae_columns, kernel_arrays, gamma, lam, a, b) for a, b in blocks]
+    jobs = [_pool(os.getpid()).submit(native.gae_columns, kernel_arrays, gamma, lam, a, b) for a, b in blocks]
     for job in jobs:
         job.result()
