@@ -1,8 +1,9 @@
-"""The one compiled part: rolloutcli/core/_native.c, the GAE kernel of ``rolloutcli gae`` on the CPU and the
-row gathers of ``rolloutcli batch``, called through ctypes (rolloutcli/core/native.py).
+"""The one compiled part: rolloutcli/core/_native.c, the CPU GAE kernel and the row gathers of ``rolloutcli batch``,
+called through ctypes (rolloutcli/core/native.py).
 
-Optional: where it cannot be compiled, the install goes on and rolloutcli uses numba (GAE) and torch (gathers)
-instead: the same results, ~0.28 s more start-up for ``gae`` and slower exports. Metadata is in pyproject.toml.
+Optional: where it cannot be compiled, the install goes on and rolloutcli runs the same float32 operations in
+numpy (GAE: the same bits, only slower) and torch indexing (gathers: the same bytes). Metadata is in
+pyproject.toml.
 """
 
 from setuptools import Extension, setup

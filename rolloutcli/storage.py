@@ -185,7 +185,10 @@ class RolloutStorage:
     ) -> None:
         """Fill ``returns`` and ``advantages`` ``[T, N, 1]`` with GAE, exactly as RSL-RL's PPO computes them.
 
-        Calls :func:`rolloutcli.core.gae.compute_gae` (the same kernel as ``rolloutcli gae``).
+        Returns and un-normalised advantages (``returns - values``) have the same bits as RSL-RL's loop and as
+        ``rolloutcli gae``. The normalisation is RSL-RL's own line (torch's float32 ``mean()``/``std()``), so in
+        one process the result is RSL-RL's bit for bit; ``rolloutcli gae`` uses exactly rounded statistics
+        instead (its bytes must not depend on threads or devices). One value normalises to NaN, as in RSL-RL.
 
         Args:
             last_values: V(s_T), ``[N]`` or ``[N, 1]``; defaults to the ``last_values`` loaded from a file.
@@ -196,9 +199,12 @@ class RolloutStorage:
                 (RSL-RL does this in ``process_env_step``). Default: when ``time_outs`` were loaded and the
                 file's ``timeouts_bootstrapped`` attribute is not set; it is set afterwards, so a second call
                 never bootstraps twice.
+
+        Raises:
+            ValueError: no last values, or the rewards hold a bootstrap with another gamma (``gae_gamma``).
         """
         from rolloutcli.core.gae import bootstrap_time_outs as bootstrap
-        from rolloutcli.core.gae import compute_gae, normalize_advantages
+        from rolloutcli.core.gae import compute_gae
 
         if self.training_type != "rl":
             raise ValueError("compute_returns is only available for reinforcement learning training.")
@@ -207,6 +213,12 @@ class RolloutStorage:
         if last_values is None:
             raise ValueError("compute_returns needs last_values: V(s_T) of the state after the last step.")
         already = bool(self.attrs.get("timeouts_bootstrapped", False))
+        recorded = self.attrs.get("gae_gamma")
+        if already and isinstance(recorded, (int, float)) and float(recorded) != float(gamma):
+            raise ValueError(
+                f"the rewards hold a time-out bootstrap with gamma {recorded}; compute_returns(gamma={gamma}) "
+                f"would mix two gammas. Pass gamma={recorded}, or load the recording with its raw rewards."
+            )
         if bootstrap_time_outs is None:
             bootstrap_time_outs = self.time_outs is not None and not already
         if bootstrap_time_outs and not already:
@@ -214,13 +226,14 @@ class RolloutStorage:
                 raise ValueError("bootstrap_time_outs=True but the storage has no time_outs.")
             self.rewards = bootstrap(self.rewards, self.values, self.time_outs, gamma).reshape(self.rewards.shape)
             self.attrs["timeouts_bootstrapped"] = True
+            self.attrs["gae_gamma"] = gamma
         advantages, returns = compute_gae(
             self.rewards, self.values, self.dones, last_values.reshape(-1), gamma=gamma, lam=lam
         )
-        if normalize_advantage:
-            advantages = normalize_advantages(advantages)
         self.returns = returns.unsqueeze(-1)
         self.advantages = advantages.unsqueeze(-1)
+        if normalize_advantage:  # RSL-RL's line, on the [T, N, 1] tensor as RSL-RL's storage holds it
+            self.advantages = (self.advantages - self.advantages.mean()) / (self.advantages.std() + 1e-8)
 
     def generator(self) -> Iterator[RolloutStorage.Batch]:
         """Distillation: one batch per time step, in time order (RSL-RL's ``generator``).

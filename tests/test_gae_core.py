@@ -1,11 +1,12 @@
-"""GAE core: both backends against RSL-RL's own code and against a float64 per-step loop written here."""
+"""GAE core: the CPU kernel bit for bit against RSL-RL's own code (with and without the compiled C file), the torch
+scan against RSL-RL and a float64 per-step loop written here, and the exact statistics against fractions."""
 
 from __future__ import annotations
 
+import math
 import threading
-import warnings
+from fractions import Fraction
 from types import SimpleNamespace
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -16,16 +17,12 @@ from rsl_rl.algorithms.ppo import PPO
 from rsl_rl.storage import RolloutStorage
 from tensordict import TensorDict
 
-from rolloutcli.core import gae_kernels
-from rolloutcli.core.gae import (
-    bootstrap_time_outs,
-    compute_gae,
-    normalize_advantages,
-    normalize_with,
-)
-from rolloutcli.core.stats import EnvMoments
+from rolloutcli.core import native
+from rolloutcli.core.gae import bootstrap_time_outs, compute_gae, normalize_advantages
+from rolloutcli.core.gae_numpy import gae_arrays, normalize_array
+from rolloutcli.core.moments import ExactMoments
 
-BACKENDS = ["numba", "torch"]
+BACKENDS = ["cpu", "torch"]
 GAMMA, LAM = 0.99, 0.95
 
 
@@ -54,8 +51,8 @@ def rsl_rl_gae(rewards, values, dones, last_values, gamma, lam, time_outs=None, 
     """RSL-RL's real code: a real ``RolloutStorage`` filled step by step through ``PPO.process_env_step`` (which
     applies the time-out bootstrap), then ``PPO.compute_returns``; both called unbound on a minimal object.
 
-    Inputs ``[T, N]`` (float32 where RSL-RL's storage is float32); returns the storage's ``(advantages, returns,
-    rewards)`` as ``[T, N]``.
+    Inputs ``[T, N]`` (float64 rewards are handed to RSL-RL as float64, everything else as float32); returns the
+    storage's ``(advantages, returns, rewards)`` as ``[T, N]``.
     """
     steps, envs = rewards.shape
     obs = TensorDict({"policy": torch.zeros(envs, 1)}, batch_size=[envs])
@@ -79,7 +76,8 @@ def rsl_rl_gae(rewards, values, dones, last_values, gamma, lam, time_outs=None, 
         tr.actions_log_prob = torch.zeros(envs)
         tr.distribution_params = (torch.zeros(envs, 1),)
         extras = {} if time_outs is None else {"time_outs": time_outs[t]}
-        PPO.process_env_step(ppo, obs, rewards[t].float(), dones[t], extras)
+        reward = rewards[t] if rewards.dtype == torch.float64 else rewards[t].float()  # as the env hands them
+        PPO.process_env_step(ppo, obs, reward, dones[t], extras)
     PPO.compute_returns(ppo, obs)
     return storage.advantages[..., 0], storage.returns[..., 0], storage.rewards[..., 0]
 
@@ -144,9 +142,23 @@ def make_rollout(steps, envs, done_rate=0.05, timeout_rate=0.0, seed=0):
     return rewards, values, dones, last_values, time_outs
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Parity with RSL-RL
-# ----------------------------------------------------------------------------------------------------------------
+def rsl_rl_returns(rewards, values, dones, last_values, gamma, lam):
+    """RSL-RL's own ``PPO.compute_returns`` on a real storage filled directly (fast for long rollouts)."""
+    steps, envs = rewards.shape
+    obs = TensorDict({"policy": torch.zeros(envs, 1)}, batch_size=[envs])
+    storage = RolloutStorage("rl", envs, steps, obs, (1,), device="cpu")
+    storage.rewards.copy_(rewards[..., None])
+    storage.values.copy_(values[..., None])
+    storage.dones.copy_(dones[..., None])
+    ppo = SimpleNamespace(
+        storage=storage,
+        gamma=gamma,
+        lam=lam,
+        critic=_Critic(last_values.reshape(envs, 1)),
+        normalize_advantage_per_mini_batch=True,
+    )
+    PPO.compute_returns(ppo, obs)
+    return storage.advantages[..., 0], storage.returns[..., 0]
 
 
 def _dones_case(name, steps, envs):
@@ -162,72 +174,88 @@ def _dones_case(name, steps, envs):
     return torch.rand(steps, envs, generator=torch.Generator().manual_seed(7)) < 0.1
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+def bits_equal(a, b) -> bool:
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def kernel(request, monkeypatch):
+    """Run a test with the compiled C kernel and with the numpy loop used where the C file was not built."""
+    if request.param == "compiled" and native.library() is None:
+        pytest.skip("the C kernel was not compiled in this install")
+    if request.param == "numpy":
+        monkeypatch.setattr(native, "library", lambda: None)
+    return request.param
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The CPU kernel: RSL-RL's bits
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("steps", "envs"), [(30000, 16), (30000, 1), (24, 4096), (1000, 1024)])
+def test_default_settings_are_rsl_rl_bits_at_long_and_wide_shapes(kernel, steps, envs):
+    # No thread pinning: the default thread count, whatever the machine.
+    r, v, d, lv, _ = make_rollout(steps, envs, done_rate=0.002, seed=steps + envs)
+    ref_adv, ref_ret = rsl_rl_returns(r, v, d, lv, GAMMA, LAM)
+    adv, ret = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM)
+    assert bits_equal(ret, ref_ret) and bits_equal(adv, ref_adv)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 7, 64])
+def test_thread_count_never_changes_a_bit(threads):
+    r, v, d, lv, to = make_rollout(300, 1000, done_rate=0.05, timeout_rate=0.5, seed=threads)
+    expected = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, time_outs=to, num_threads=1)
+    got = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, time_outs=to, num_threads=threads)
+    assert bits_equal(got[0], expected[0]) and bits_equal(got[1], expected[1])
+
+
 @pytest.mark.parametrize("dones_case", ["none", "all", "first_last", "random"])
 @pytest.mark.parametrize(("steps", "envs"), [(1, 1), (1, 5), (40, 1), (37, 6), (33, 20)])
-def test_matches_rsl_rl(backend, dones_case, steps, envs):
+def test_cpu_matches_rsl_rl_bit_for_bit(kernel, dones_case, steps, envs):
     r, v, _, lv, _ = make_rollout(steps, envs)
     d = _dones_case(dones_case, steps, envs)
     ref_adv, ref_ret, _ = rsl_rl_gae(r, v, d, lv, GAMMA, LAM)
-    adv, ret = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, backend=backend)
-    assert adv.dtype == ret.dtype == torch.float32
-    assert adv.shape == ret.shape == (steps, envs)
-    scale = magnitude(ref_ret, v)
-    assert_close(ret, ref_ret, scale)
-    # RSL-RL stores returns - values; ours is A itself: equal up to rounding at the scale of the returns.
-    assert_close(adv, ref_adv, scale)
+    adv, ret = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM)
+    assert adv.dtype == ret.dtype == torch.float32 and adv.shape == (steps, envs)
+    assert bits_equal(ret, ref_ret) and bits_equal(adv, ref_adv)
 
 
-def test_numba_returns_bit_identical_to_rsl_rl():
-    # The numba kernel performs RSL-RL's float32 operations in RSL-RL's order, so its returns agree exactly.
-    r, v, d, lv, to = make_rollout(50, 24, done_rate=0.1, timeout_rate=0.5)
-    _, ref_ret, _ = rsl_rl_gae(r, v, d, lv, GAMMA, LAM, time_outs=to)
-    _, ret = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, time_outs=to, backend="numba", num_threads=1)
-    assert torch.equal(ret, ref_ret)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_time_outs_match_rsl_rl(backend):
+def test_time_outs_are_rsl_rl_bits(kernel):
     r, v, d, lv, to = make_rollout(60, 9, done_rate=0.15, timeout_rate=0.5)
     assert to is not None and to.any() and (d & ~to).any()
-    ref_adv, ref_ret, _ = rsl_rl_gae(r, v, d, lv, GAMMA, LAM, time_outs=to)
-    adv, ret = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, time_outs=to, backend=backend)
-    scale = magnitude(ref_ret, v)
-    assert_close(ret, ref_ret, scale)
-    assert_close(adv, ref_adv, scale)
-    # Without the bootstrap the answer must differ, or this test proves nothing.
-    plain, _ = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, backend=backend)
+    ref_adv, ref_ret, ref_rewards = rsl_rl_gae(r, v, d, lv, GAMMA, LAM, time_outs=to)
+    adv, ret = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, time_outs=to)
+    assert bits_equal(ret, ref_ret) and bits_equal(adv, ref_adv)
+    assert bits_equal(bootstrap_time_outs(r, v, to, GAMMA), ref_rewards)
+    plain, _ = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM)  # without the bootstrap the answer differs
     assert (plain - adv).abs().max() > 1e-2
 
 
-def test_bootstrap_time_outs_is_rsl_rl_reward():
-    r, v, d, lv, to = make_rollout(20, 7, done_rate=0.3, timeout_rate=0.5)
-    _, _, stored_rewards = rsl_rl_gae(r, v, d, lv, GAMMA, LAM, time_outs=to)
-    r_before = r.clone()
-    out = bootstrap_time_outs(r, v, to, GAMMA)
-    assert torch.equal(out, stored_rewards)
-    assert torch.equal(r, r_before)
-    # A bootstrapped reward with no time-outs in the recurrence gives what time_outs= gives.
-    a1, _ = compute_gae(out, v, d, lv, gamma=GAMMA, lam=LAM)
-    a2, _ = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, time_outs=to)
-    assert torch.equal(a1, a2)
+def test_float64_rewards_are_bootstrapped_in_float64_like_rsl_rl(kernel):
+    r, v, d, lv, to = make_rollout(50, 7, done_rate=0.2, timeout_rate=0.6, seed=4)
+    r64 = r.double() * (1 + 1e-9)  # digits float32 cannot hold: rounding first would differ
+    ref_adv, ref_ret, ref_rewards = rsl_rl_gae(r64, v, d, lv, GAMMA, LAM, time_outs=to)
+    assert not bits_equal(r64.float() + GAMMA * (v * to), ref_rewards)  # the order of rounding shows
+    assert bits_equal(bootstrap_time_outs(r64, v, to, GAMMA), ref_rewards)
+    adv, ret = compute_gae(r64, v, d, lv, gamma=GAMMA, lam=LAM, time_outs=to)
+    assert bits_equal(ret, ref_ret) and bits_equal(adv, ref_adv)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_normalised_matches_rsl_rl(backend):
+def test_normalised_is_rsl_rl_code():
     r, v, d, lv, _ = make_rollout(45, 11)
     ref_adv, _, _ = rsl_rl_gae(r, v, d, lv, GAMMA, LAM, normalize=True)
-    adv, _ = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, backend=backend)
-    norm = normalize_advantages(adv)
-    assert_close(norm, ref_adv, magnitude(ref_adv), rtol=1e-4)
-    # And unnormalised differs: normalisation is a separate, explicit step.
-    assert (adv - norm).abs().max() > 1e-2
+    adv, _ = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM)
+    assert bits_equal(normalize_advantages(adv[..., None])[..., 0], ref_adv)
 
 
-def test_normalize_advantages_is_rsl_rl_expression():
-    a = torch.randn(30, 8) * 5 + 2
-    assert torch.equal(normalize_advantages(a), (a - a.mean()) / (a.std() + 1e-8))
-    assert torch.isclose(normalize_advantages(a).std(), torch.tensor(1.0), atol=1e-5)
+def test_one_element_normalises_to_nan_as_rsl_rl():
+    ref_adv, _, _ = rsl_rl_gae(*make_rollout(1, 1)[:4], GAMMA, LAM, normalize=True)
+    assert torch.isnan(ref_adv).all()
+    adv, _ = compute_gae(*make_rollout(1, 1)[:4], gamma=GAMMA, lam=LAM)
+    assert torch.isnan(normalize_advantages(adv)).all()
+    moments = ExactMoments.of(adv)
+    assert math.isnan(moments.std) and np.isnan(normalize_array(adv.numpy(), moments.mean, moments.std)).all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -245,22 +273,17 @@ def test_trailing_one_shapes(backend):
         backend=backend,
     )
     for x, y in zip(flat, shaped, strict=True):
-        assert y.shape == (25, 4)
-        assert torch.equal(x, y)
+        assert y.shape == (25, 4) and torch.equal(x, y)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_half_input_upcast_like_rsl_rl_storage(backend, dtype):
+def test_half_input_upcast_like_rsl_rl_storage(dtype):
     r, v, d, lv, _ = make_rollout(30, 5)
     r16, v16, lv16 = r.to(dtype), v.to(dtype), lv.to(dtype)
     # RSL-RL's storage is float32: half inputs are upcast when copied in.
     ref_adv, ref_ret, _ = rsl_rl_gae(r16.float(), v16.float(), d, lv16.float(), GAMMA, LAM)
-    adv, ret = compute_gae(r16, v16, d, lv16, gamma=GAMMA, lam=LAM, backend=backend)
-    assert adv.dtype == ret.dtype == torch.float32
-    scale = magnitude(ref_ret)
-    assert_close(ret, ref_ret, scale)
-    assert_close(adv, ref_adv, scale)
+    adv, ret = compute_gae(r16, v16, d, lv16, gamma=GAMMA, lam=LAM)
+    assert bits_equal(ret, ref_ret) and bits_equal(adv, ref_adv)
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int64, torch.float32, torch.float64])
@@ -271,12 +294,11 @@ def test_dones_dtypes_agree(dtype):
     assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
 
 
-def test_float64_inputs_rounded_to_float32_first():
+def test_float64_inputs_without_time_outs_are_rounded_first():
     r, v, d, lv, _ = make_rollout(30, 5)
     a32 = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM)
     a64 = compute_gae(r.double(), v.double(), d, lv.double(), gamma=GAMMA, lam=LAM)
-    assert a64[0].dtype == torch.float32
-    assert torch.equal(a32[0], a64[0])
+    assert a64[0].dtype == torch.float32 and torch.equal(a32[0], a64[0])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -291,12 +313,12 @@ def test_inputs_unchanged(backend):
         assert torch.equal(x, y)
 
 
-def test_non_contiguous_inputs():
+def test_non_contiguous_inputs_and_autograd_leaves():
     r, v, d, lv, _ = make_rollout(12, 10, done_rate=0.2)
     ref = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM)
     rt, vt, dt = (x.t().contiguous().t() for x in (r, v, d))  # same values, column-major strides
     assert not rt.is_contiguous()
-    got = compute_gae(rt, vt, dt, lv, gamma=GAMMA, lam=LAM)
+    got = compute_gae(rt, vt.requires_grad_(), dt, lv, gamma=GAMMA, lam=LAM)
     assert torch.equal(ref[0], got[0])
 
 
@@ -344,68 +366,37 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="lam"):
         compute_gae(r, v, d, lv, gamma=GAMMA, lam=-0.1)
     with pytest.raises(ValueError, match="backend"):
-        compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, backend="jax")  # type: ignore[arg-type]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The fast paths: time chunks with a carry fix-up, several threads
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def small_chunks(min_chunk=3):
-    """Make the numba backend cut even small rollouts into time chunks and run them on threads."""
-    return mock.patch.multiple(gae_kernels, _MIN_CHUNK=min_chunk, _PARALLEL_MIN_ELEMENTS=0)
-
-
-@pytest.mark.parametrize(
-    ("steps", "envs", "gamma", "lam", "done_rate"),
-    [
-        (3000, 1, 0.99, 0.95, 0.002),  # N = 1: four interleaved chains per thread
-        (3000, 1, 1.0, 1.0, 0.0),  # no decay, no dones: the fix-up must run through whole chunks
-        (2000, 3, 0.9, 0.5, 0.0),  # fast decay: the fix-up stops early once the product underflows
-        (1500, 16, 0.99, 0.95, 0.01),  # one env block, time chunks
-        (400, 20, 0.99, 0.95, 0.05),  # two env blocks, one partial; chunked on three threads
-    ],
-)
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_chunked_numba_matches_naive(steps, envs, gamma, lam, done_rate, threads):
-    r, v, d, lv, to = make_rollout(steps, envs, done_rate=done_rate, timeout_rate=0.5, seed=steps + envs)
-    ref_adv, ref_ret = naive_gae(r, v, d, lv, gamma, lam, to)
-    with small_chunks(min_chunk=50):
-        adv, ret = compute_gae(r, v, d, lv, gamma=gamma, lam=lam, time_outs=to, backend="numba", num_threads=threads)
-        _, n_chunks, _, _ = gae_kernels._plan(steps, envs, threads)
-    if envs == 1 or threads > len(range(0, envs, 16)):
-        assert n_chunks > 1  # the chunked path really ran
-    scale = magnitude(ref_adv, ref_ret)
-    assert_close(adv, ref_adv, scale, rtol=1e-5)
-    assert_close(ret, ref_ret, scale, rtol=1e-5)
-
-
-def test_default_thresholds_large_single_env():
-    # The production plan (no patching) for a long single-env rollout, against the unchunked torch-free oracle.
-    r, v, d, lv, _ = make_rollout(20000, 1, done_rate=0.001, seed=3)
-    ref_adv, _ = naive_gae(r, v, d, lv, GAMMA, LAM)
-    adv, _ = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, backend="numba", num_threads=2)
-    assert_close(adv, ref_adv, magnitude(ref_adv), rtol=1e-5)
+        compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, backend="numba")  # type: ignore[arg-type]
 
 
 def test_concurrent_calls_from_threads():
-    r, v, d, lv, _ = make_rollout(600, 64, done_rate=0.02)
+    r, v, d, lv, _ = make_rollout(600, 640, done_rate=0.02)
     expected = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, num_threads=1)[0]
     results: list[torch.Tensor] = []
-    with small_chunks(min_chunk=20):
 
-        def work():
-            results.append(compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, num_threads=3)[0])
+    def work():
+        results.append(compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, num_threads=3)[0])
 
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert len(results) == 4
-    for got in results:
-        assert_close(got, expected, magnitude(expected), rtol=1e-5)
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4 and all(bits_equal(got, expected) for got in results)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The torch scan (non-CPU devices): RSL-RL to float32 rounding at the scale of the terms
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_torch_scan_matches_rsl_rl_within_its_tolerance():
+    r, v, d, lv, to = make_rollout(60, 9, done_rate=0.15, timeout_rate=0.5)
+    ref_adv, ref_ret, _ = rsl_rl_gae(r, v, d, lv, GAMMA, LAM, time_outs=to)
+    adv, ret = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM, time_outs=to, backend="torch")
+    scale = term_scale(r, v, d, lv, GAMMA, LAM, to)
+    assert_close(ret, ref_ret, scale, rtol=1e-5)
+    assert_close(adv, ref_adv, scale, rtol=1e-5)
 
 
 def test_torch_backend_is_device_agnostic_without_host_syncs():
@@ -419,14 +410,14 @@ def test_torch_backend_is_device_agnostic_without_host_syncs():
     assert adv.shape == ret.shape == (steps, envs)
     assert adv.dtype == torch.float32
     with pytest.raises(ValueError, match="CPU"):
-        compute_gae(r, r, d, torch.empty(envs, device=meta), gamma=GAMMA, lam=LAM, backend="numba")
+        compute_gae(r, r, d, torch.empty(envs, device=meta), gamma=GAMMA, lam=LAM, backend="cpu")
 
 
 def test_tolerance_catches_small_errors():
     # The comparisons above must be able to fail: a lambda off by 1e-3 is detected.
     r, v, d, lv, _ = make_rollout(40, 6)
     ref_adv, ref_ret, _ = rsl_rl_gae(r, v, d, lv, GAMMA, LAM)
-    adv, _ = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM - 1e-3)
+    adv, _ = compute_gae(r, v, d, lv, gamma=GAMMA, lam=LAM - 1e-3, backend="torch")
     with pytest.raises(AssertionError):
         assert_close(adv, ref_adv, magnitude(ref_ret, v))
 
@@ -440,56 +431,85 @@ def test_tolerance_catches_small_errors():
     done_rate=st.sampled_from([0.0, 0.05, 0.5, 1.0]),
     timeout_rate=st.sampled_from([0.0, 0.5, 1.0]),
     threads=st.integers(1, 3),
-    min_chunk=st.integers(1, 8),
     seed=st.integers(0, 2**16),
 )
-def test_property_backends_agree_with_naive(steps, envs, gamma, lam, done_rate, timeout_rate, threads, min_chunk, seed):
+def test_property_backends_agree_with_naive(steps, envs, gamma, lam, done_rate, timeout_rate, threads, seed):
     r, v, d, lv, to = make_rollout(steps, envs, done_rate=done_rate, timeout_rate=timeout_rate, seed=seed)
     ref_adv, ref_ret = naive_gae(r, v, d, lv, gamma, lam, to)
     scale = term_scale(r, v, d, lv, gamma, lam, to)
-    with small_chunks(min_chunk=min_chunk):
-        for backend in BACKENDS:
-            adv, ret = compute_gae(
-                r, v, d, lv, gamma=gamma, lam=lam, time_outs=to, backend=backend, num_threads=threads
-            )
-            assert_close(adv, ref_adv, scale, rtol=1e-5)
-            assert_close(ret, ref_ret, scale, rtol=1e-5)
+    for backend in BACKENDS:
+        adv, ret = compute_gae(r, v, d, lv, gamma=gamma, lam=lam, time_outs=to, backend=backend, num_threads=threads)
+        assert_close(adv, ref_adv, scale, rtol=1e-5)
+        assert_close(ret, ref_ret, scale, rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Streaming normalisation
+# Exact statistics (the gae command's normalisation)
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("blocks", [1, 3, 7])
-def test_streaming_moments_equal_whole_tensor(blocks):
-    g = torch.Generator().manual_seed(1)
-    adv = torch.randn(200, 70, generator=g) * 4 + 100  # |mean| >> std: the naive sum-of-squares would cancel
-    moments = EnvMoments()
-    for part in torch.tensor_split(adv, blocks, dim=1):  # env blocks, as a file is read
-        moments.add(part)
-    mean, std = moments.mean_std()
-    a64 = adv.double().numpy()
-    assert mean == pytest.approx(a64.mean(), rel=1e-12)
-    assert std == pytest.approx(a64.std(ddof=1), rel=1e-10)
-    whole_block = EnvMoments()
-    whole_block.add(adv)
-    assert whole_block.mean_std() == (mean, std)  # bit-identical whatever the env-block partition
-    streamed = normalize_with(adv, mean, std)
-    assert streamed.dtype == torch.float32
-    whole = normalize_advantages(adv)
-    # float64 statistics vs RSL-RL's float32 ones: float32 rounding at the scale of |A - mean| / std.
-    assert_close(streamed, whole, magnitude(whole), rtol=5e-5)
+def _correctly_rounded_sqrt(value: float, square: Fraction) -> bool:
+    below, above = np.nextafter(value, 0.0), np.nextafter(value, np.inf)
+    return ((Fraction(below) + Fraction(value)) / 2) ** 2 <= square <= ((Fraction(value) + Fraction(above)) / 2) ** 2
 
 
-def test_moments_edge_cases():
-    one = EnvMoments()
-    one.add(torch.tensor([[3.0]]))
-    assert one.mean_std() == (3.0, 0.0)  # one value: std 0 (torch gives NaN), so it normalises to 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch warns about zero degrees of freedom
-        assert np.isnan(torch.tensor([3.0]).std().item())
-    both = EnvMoments()
-    both.add(torch.tensor([[3.0, 5.0]]))
-    mean, std = both.mean_std()
-    assert mean == 4.0 and std == pytest.approx(np.std([3.0, 5.0], ddof=1))
+@settings(max_examples=40, deadline=None)
+@given(
+    values=st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=2, max_size=60),
+    cut=st.integers(0, 60),
+)
+def test_exact_moments_are_exactly_rounded_and_blind_to_blocks(values, cut):
+    x = np.array(values, np.float32)
+    exact = [Fraction(float(v)) for v in x]
+    mean = sum(exact) / len(exact)
+    variance = sum((v - mean) ** 2 for v in exact) / (len(exact) - 1)
+    whole = ExactMoments.of(x)
+    parts = ExactMoments.of(x[cut:]).merge(ExactMoments.of(torch.from_numpy(x[:cut])))
+    assert whole == parts
+    assert whole.mean == float(mean)
+    assert _correctly_rounded_sqrt(whole.std, variance)
+
+
+def test_exact_moments_where_float64_sums_cancel():
+    # |mean| >> std: float64 sums of squares would lose every digit of the variance
+    x = (np.random.default_rng(1).standard_normal(5000) * 1e-3 + 1e4).astype(np.float32)
+    exact = [Fraction(float(v)) for v in x]
+    mean = sum(exact) / len(exact)
+    moments = ExactMoments.of(x)
+    assert moments.mean == float(mean)
+    assert _correctly_rounded_sqrt(moments.std, sum((v - mean) ** 2 for v in exact) / (len(exact) - 1))
+
+
+def test_exact_moments_edge_cases():
+    assert math.isnan(ExactMoments.of(np.array([3.0], np.float32)).std)  # as torch's std of one value
+    assert math.isnan(ExactMoments().mean)
+    poisoned = ExactMoments.of(np.array([1.0, np.inf, 2.0], np.float32))
+    assert math.isnan(poisoned.mean) and math.isnan(poisoned.std)  # as torch's mean/std
+    summary = poisoned.as_dict()
+    assert summary["count"] == 2 and summary["nonfinite"] == 1 and summary["mean"] == 1.5
+    tiny = np.array([1e-45, -1e-45, 3e-39, 0.0, -0.0], np.float32)  # subnormals and signed zeros
+    assert ExactMoments.of(tiny).mean == float(sum(Fraction(float(v)) for v in tiny) / 5)
+    assert ExactMoments.of(np.full(7, 2.5, np.float32)).std == 0.0
+
+
+def _numpy_rollout():
+    rng = np.random.default_rng(1)
+    r, v = rng.standard_normal((2, 300, 2048), dtype=np.float32)
+    return r, v, (rng.random((300, 2048)) < 0.05).astype(np.uint8), rng.standard_normal(2048, dtype=np.float32)
+
+
+def _gae_in_child(queue):
+    queue.put(gae_arrays(*_numpy_rollout(), GAMMA, LAM, threads=4)[1].tobytes())  # no torch op: libgomp is not
+
+
+def test_a_forked_child_computes_after_the_parent_used_the_threads():
+    import multiprocessing
+
+    expected = gae_arrays(*_numpy_rollout(), GAMMA, LAM, threads=4)[1].tobytes()  # the parent's pool starts here
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_gae_in_child, args=(queue,))
+    child.start()
+    result = queue.get(timeout=60)
+    child.join(10)
+    assert child.exitcode == 0 and result == expected

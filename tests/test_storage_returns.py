@@ -44,3 +44,26 @@ def test_compute_returns_needs_last_values(tmp_path: Path) -> None:
         storage.compute_returns()
     storage.compute_returns(torch.zeros(2))
     assert torch.isfinite(storage.returns).all()
+
+
+def test_compute_returns_is_rsl_rl_bit_for_bit_normalisation_included(tmp_path: Path) -> None:
+    from test_gae_core import rsl_rl_gae
+
+    arrays = rollout_arrays(T=64, N=33, end_rate=0.1, seed=11)
+    storage = RolloutStorage.from_hdf5(write_rollout(tmp_path / "r.h5", arrays))
+    storage.compute_returns(gamma=0.98, lam=0.9)
+    tensors = [torch.from_numpy(arrays[n]) for n in ("rewards", "values", "dones", "last_values", "time_outs")]
+    r, v, d, lv, to = tensors
+    for normalize, ours in ((True, storage.advantages), (False, storage.returns - storage.values)):
+        advantages, returns, rewards = rsl_rl_gae(r, v, d, lv, 0.98, 0.9, time_outs=to, normalize=normalize)
+        assert torch.equal(storage.returns[..., 0].view(torch.int32), returns.view(torch.int32))
+        assert torch.equal(ours[..., 0].view(torch.int32), advantages.view(torch.int32))
+        assert torch.equal(storage.rewards[..., 0].view(torch.int32), rewards.view(torch.int32))
+
+
+def test_compute_returns_refuses_to_mix_two_gammas(tmp_path: Path) -> None:
+    arrays = rollout_arrays(T=10, N=3, end_rate=0.3)
+    storage = RolloutStorage.from_hdf5(write_rollout(tmp_path / "r.h5", arrays))
+    storage.compute_returns(gamma=0.98)
+    with pytest.raises(ValueError, match=r"bootstrap with gamma 0.98; compute_returns\(gamma=0.99\) would mix"):
+        storage.compute_returns(gamma=0.99)

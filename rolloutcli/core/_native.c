@@ -1,24 +1,18 @@
 /*
  * rolloutcli's compiled kernels, called through ctypes (rolloutcli/core/native.py). Optional: where this file
- * was not compiled, the callers fall back to numba (GAE) and torch (row gathers), with the same results.
+ * was not compiled, rolloutcli/core/gae_numpy.py runs the same float32 operations in the same order in numpy
+ * (the same bits, only slower), and the row gathers fall back to torch indexing (the same bytes).
  *
- * 1. rolloutcli_gae: GAE over [T, N] float32 arrays for `rolloutcli gae` on the CPU.
- *
- * Why C: the command's work on a 1 GB file takes about half a second, and loading numba (import and the
- * cached kernel's machine code) costs about 0.28 s of that before the first byte is computed. This kernel
- * loads in microseconds. rolloutcli.core.gae_kernels (numba) remains the kernel of the Python API
- * (compute_gae) and the fallback where this file was not compiled.
- *
- * The recurrence (RSL-RL PPO.compute_returns), reversed over t, with the time-out bootstrap first:
- *     r_t'    = r_t + gamma * (v_t * time_out_t)                    (only when time_outs is given)
- *     g_t     = (1 - done_t) * gamma
- *     A_t     = ((r_t' + g_t * next_value_t) - v_t) + (g_t * lam) * A_{t+1},   A_T = 0
- *     ret_t   = A_t + v_t
- * in float32, the same operations in the same order as RSL-RL and the numba kernel. It must be compiled
- * without contracting a * b + c into fused multiply-adds (-ffp-contract=off), which would change the bits.
- *
- * The carry A_{t+1} lives in its own [N] buffer rather than being read back from adv's next row: with
- * only distinct arrays in the env loop the compiler vectorises it without runtime alias checks.
+ * 1. rolloutcli_gae: RSL-RL's GAE (PPO.compute_returns) over the columns [0, width) of [T, stride] float32
+ *    arrays, serial in time, vectorised over the columns. Callers run disjoint column blocks on threads; each
+ *    column's result depends only on that column, so the bits never depend on the blocks or the threads.
+ *    Rewards come already bootstrapped on time-outs (rolloutcli.core.gae_numpy.bootstrap_rewards).
+ *        g_t   = (1 - done_t) * gamma
+ *        A_t   = ((r_t + g_t * next_value_t) - v_t) + (g_t * lam) * A_{t+1},   A_T = 0
+ *        ret_t = A_t + v_t,   adv_t = ret_t - v_t          (RSL-RL stores returns - values)
+ *    Compiled with -ffp-contract=off: a fused multiply-add would round once instead of twice and change bits.
+ *    The carry A_{t+1} lives in its own buffer: with only distinct arrays in the column loop the compiler
+ *    vectorises it without runtime alias checks.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -33,43 +27,31 @@
 #define RESTRICT __restrict__
 #endif
 
-EXPORT int rolloutcli_native_abi_version(void) { return 2; }
+EXPORT int rolloutcli_native_abi_version(void) { return 3; }
 
-/* r, v: [T, N] float32; d, to: [T, N] uint8, nonzero = set (to may be NULL); lv: [N] float32.
- * adv, ret: [T, N] float32 outputs; carry: [N] float32 scratch. All C-contiguous, none overlapping. */
+/* r, v: [T, stride] float32; d: [T, stride] uint8, nonzero = done; lv: [width] float32 (values after the last
+ * step); adv, ret: [T, stride] float32 outputs; carry: [width] float32 scratch. Pointers are already offset to
+ * the block's first column; only columns [0, width) of each row are read or written. None overlap. */
 EXPORT void rolloutcli_gae(const float *RESTRICT r, const float *RESTRICT v, const uint8_t *RESTRICT d,
-                           const uint8_t *RESTRICT to, const float *RESTRICT lv, int64_t steps, int64_t envs,
-                           float gamma, float lam, float *RESTRICT adv, float *RESTRICT ret,
-                           float *RESTRICT carry) {
-    for (int64_t n = 0; n < envs; n++) carry[n] = 0.0f;
+                           const float *RESTRICT lv, int64_t steps, int64_t width, int64_t stride, float gamma,
+                           float lam, float *RESTRICT adv, float *RESTRICT ret, float *RESTRICT carry) {
+    for (int64_t n = 0; n < width; n++) carry[n] = 0.0f;
     for (int64_t t = steps - 1; t >= 0; t--) {
-        const int64_t row = t * envs;
-        const float *RESTRICT next = (t == steps - 1) ? lv : v + row + envs;
+        const int64_t row = t * stride;
+        const float *RESTRICT next = (t == steps - 1) ? lv : v + row + stride;
         const float *RESTRICT rt = r + row;
         const float *RESTRICT vt = v + row;
         const uint8_t *RESTRICT dt = d + row;
         float *RESTRICT at = adv + row;
         float *RESTRICT qt = ret + row;
-        if (to != NULL) {
-            const uint8_t *RESTRICT tt = to + row;
-            for (int64_t n = 0; n < envs; n++) {
-                const float value = vt[n];
-                const float reward = rt[n] + gamma * (value * (float)(tt[n] != 0));
-                const float g = (float)(dt[n] == 0) * gamma;
-                const float x = ((reward + g * next[n]) - value) + (g * lam) * carry[n];
-                carry[n] = x;
-                at[n] = x;
-                qt[n] = x + value;
-            }
-        } else {
-            for (int64_t n = 0; n < envs; n++) {
-                const float value = vt[n];
-                const float g = (float)(dt[n] == 0) * gamma;
-                const float x = ((rt[n] + g * next[n]) - value) + (g * lam) * carry[n];
-                carry[n] = x;
-                at[n] = x;
-                qt[n] = x + value;
-            }
+        for (int64_t n = 0; n < width; n++) {
+            const float value = vt[n];
+            const float g = (float)(dt[n] == 0) * gamma;
+            const float x = ((rt[n] + g * next[n]) - value) + (g * lam) * carry[n];
+            const float q = x + value;
+            carry[n] = x;
+            qt[n] = q;
+            at[n] = q - value;
         }
     }
 }
@@ -79,11 +61,10 @@ EXPORT void rolloutcli_gae(const float *RESTRICT r, const float *RESTRICT v, con
  *
  * A shard's rows are scattered over the whole source, so each row read is a cache (and TLB) miss; the loop is
  * bound by memory latency, not bandwidth. rolloutcli_gather_rows prefetches the rows PREFETCH_AHEAD
- * iterations ahead, so that many misses are in flight at once (measured, 128k rows of 192 bytes out of 1M:
- * 31.6 ms with index_select, 16 ms with this). rolloutcli_gather_sorted serves narrow rows (a scalar per
- * row): it reads them in ascending source order, so that neighbouring rows share cache lines and the
- * hardware prefetcher runs ahead, and writes each to its slot in the shard, a random write into an output
- * that stays in cache (20 ms -> 3 ms per scalar field of such a shard).
+ * iterations ahead, so that many misses are in flight at once. rolloutcli_gather_sorted serves narrow rows (a
+ * scalar per row): it reads them in ascending source order, so that neighbouring rows share cache lines and
+ * the hardware prefetcher runs ahead, and writes each to its slot in the shard, a random write into an output
+ * that stays in cache. Both move bytes only: the result is the bytes of index_select.
  *
  * Indices are trusted here: the Python wrapper checks them against the source's row count.
  */

@@ -1,37 +1,30 @@
-"""Generalised advantage estimation (GAE) exactly as RSL-RL computes it, fast on CPU and GPU.
+"""Generalised advantage estimation (GAE) exactly as RSL-RL computes it: pure functions on tensors.
 
-Pure functions on tensors: no file I/O, no printing. Shapes: ``T`` steps (time) by ``N`` envs, time first,
-as in RSL-RL's ``RolloutStorage``.
-
-The recurrence (RSL-RL ``PPO.compute_returns``), reversed over ``t``::
+Shapes: ``T`` steps (time) by ``N`` envs, time first, as in RSL-RL's ``RolloutStorage``. The recurrence (RSL-RL
+``PPO.compute_returns``), reversed over ``t``::
 
     next_value_t = last_values            if t == T - 1 else values[t + 1]
     not_done_t   = 1 - dones_t
     delta_t      = r_t + not_done_t * gamma * next_value_t - values_t
     A_t          = delta_t + not_done_t * gamma * lam * A_{t+1}          (A_T = 0)
     returns_t    = A_t + values_t
+    advantages_t = returns_t - values_t                                  (what RSL-RL stores)
 
-With ``time_outs``, RSL-RL's bootstrap ``r_t += gamma * values_t * time_out_t`` is applied first (never to the
-caller's tensor). ``A_t = b_t + c_t * A_{t+1}`` with ``b_t = delta_t`` and ``c_t = gamma * lam * not_done_t`` is a
-*linear* recurrence, which is what makes both fast paths possible:
+With ``time_outs``, RSL-RL's bootstrap ``r_t + gamma * (values_t * time_out_t)`` is applied first (never to the
+caller's tensor), in the rewards' own precision: float64 rewards are bootstrapped in float64, then rounded.
 
-* CPU (``backend="numba"``): compiled loops over time, vectorised over contiguous env slices, one env block per
-  thread. When there are fewer env blocks than threads (few envs, long rollouts), time is cut into chunks that are
-  scanned in parallel assuming a zero carry; the true carries are then propagated backwards across chunks and
-  added back, ``A_t += (c_t * ... * c_{chunk end}) * carry``, stopping as soon as that term is exactly 0. A
-  single env (N = 1) always uses four chunks per thread, interleaved, to hide the latency of the serial chain.
-  The returns are bit-identical to RSL-RL's (same float32 operations in the same order, no fused multiply-add)
-  except where chunk carries are added, which changes the rounding only.
-* Any device (``backend="torch"``): a log-depth associative scan (Hillis-Steele doubling on the pairs
-  ``(c, b)``), ``ceil(log2 T)`` rounds of whole-tensor ops, no Python loop over ``T`` and no host-device sync.
-  It reorders the float32 sums, so it agrees with RSL-RL to float32 rounding at the scale of the largest terms.
+* CPU tensors (``backend="cpu"``, the default there): the kernel of :mod:`rolloutcli.core.gae_numpy` on numpy
+  views of the tensors. RSL-RL's float32 operations in RSL-RL's order, serial in time, threads over env
+  columns only: the same bits as RSL-RL's loop at every shape and thread count, and the same bits as
+  ``rolloutcli gae``.
+* Other devices (``backend="torch"``): a log-depth associative scan (Hillis-Steele doubling on the pairs
+  ``(c_t, delta_t)`` with ``c_t = gamma * lam * not_done_t``), ``ceil(log2 T)`` rounds of whole-tensor ops, no
+  Python loop over ``T`` and no host-device sync. It reorders the float32 sums, so it agrees with RSL-RL to
+  float32 rounding at the scale of the largest terms: ``|error| <= 1e-5 * max_t sum_u |c_t..c_{u-1}| |terms_u|``
+  (tested), not bit for bit.
 
-Everything is computed in float32, the dtype of RSL-RL's storage: float16/bfloat16 inputs are upcast and float64
-inputs are rounded to float32 first, so a float64 file gives the same numbers RSL-RL would. Outputs are always
-float32 ``[T, N]`` on the inputs' device.
-
-Advantages are returned as ``A`` itself. RSL-RL stores ``returns - values`` as its advantages; that equals ``A``
-up to one float32 rounding at the scale of ``|returns|``.
+Values, last values and (after the bootstrap) rewards are rounded to float32, the dtype of RSL-RL's storage;
+outputs are float32 ``[T, N]`` on the inputs' device.
 """
 
 from __future__ import annotations
@@ -40,20 +33,11 @@ from typing import Literal
 
 import torch
 
-from rolloutcli.core import gae_kernels
+from rolloutcli.core.gae_numpy import bootstrap_rewards, gae_arrays
 
-__all__ = [
-    "bootstrap_time_outs",
-    "compute_gae",
-    "normalize_advantages",
-    "normalize_with",
-]
+__all__ = ["bootstrap_time_outs", "compute_gae", "normalize_advantages"]
 
-Backend = Literal["auto", "numba", "torch"]
-
-# ----------------------------------------------------------------------------------------------------------------
-# Input checking and conversion
-# ----------------------------------------------------------------------------------------------------------------
+Backend = Literal["auto", "cpu", "torch"]
 
 
 def _as_tn(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -65,27 +49,32 @@ def _as_tn(x: torch.Tensor, name: str) -> torch.Tensor:
     return x
 
 
-def _as_f32(x: torch.Tensor, name: str) -> torch.Tensor:
-    """Contiguous float32 (a no-op for a contiguous float32 tensor)."""
-    if not (x.is_floating_point() or x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)):
+def _as_float(x: torch.Tensor, name: str, keep_float64: bool = False) -> torch.Tensor:
+    """Contiguous float32 (float64 kept where asked); integers are accepted as numbers."""
+    if x.dtype == torch.bool or x.is_complex():
         raise ValueError(f"{name}: expected a float (or integer) tensor, found dtype {x.dtype}")
-    return x.to(torch.float32).contiguous()
+    dtype = torch.float64 if keep_float64 and x.dtype == torch.float64 else torch.float32
+    return x.to(dtype).contiguous()
 
 
 def _as_flag(x: torch.Tensor) -> torch.Tensor:
     """Contiguous one-byte flags, nonzero = set. bool and (u)int8 are reinterpreted without a copy."""
-    if x.dtype == torch.bool or x.dtype == torch.int8:
+    if x.dtype in (torch.bool, torch.int8):
         return x.contiguous().view(torch.uint8)
     if x.dtype == torch.uint8:
         return x.contiguous()
     return (x != 0).view(torch.uint8).contiguous()
 
 
-def _check_coefficients(gamma: float, lam: float) -> None:
-    # The carry fix-up stops once (product of c) * carry underflows to 0, which is final only if |c| <= 1.
-    for name, value in (("gamma", gamma), ("lam", lam)):
-        if not (0.0 <= float(value) <= 1.0):
-            raise ValueError(f"{name}: expected a number in [0, 1], found {value}")
+def _check_shapes(shape: tuple[int, ...], tensors: dict[str, torch.Tensor | None]) -> None:
+    device = tensors["rewards"].device  # type: ignore[union-attr]
+    for name, x in tensors.items():
+        if x is None:
+            continue
+        if x.device != device:
+            raise ValueError(f"all inputs must be on one device, found {device} and {x.device}")
+        if name != "last_values" and tuple(x.shape) != shape:
+            raise ValueError(f"{name}: expected shape {list(shape)} like rewards, found {list(x.shape)}")
 
 
 def _prepare(
@@ -94,44 +83,37 @@ def _prepare(
     dones: torch.Tensor,
     last_values: torch.Tensor,
     time_outs: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Check shapes and devices; return contiguous ``r, v`` float32 ``[T, N]``, ``d, to`` uint8, ``lv`` ``[N]``."""
+    gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check shapes and devices; return contiguous float32 ``r`` (bootstrapped), ``v`` ``[T, N]``, uint8 ``d``
+    ``[T, N]`` and float32 ``lv`` ``[N]``."""
     r = _as_tn(rewards.detach(), "rewards")
     v = _as_tn(values.detach(), "values")
     d = _as_tn(dones.detach(), "dones")
-    shape = tuple(r.shape)
-    for name, x in (("values", v), ("dones", d)):
-        if tuple(x.shape) != shape:
-            raise ValueError(f"{name}: expected shape {list(shape)} like rewards, found {list(x.shape)}")
-    n = shape[1]
-    last_values = last_values.detach()
-    if last_values.dim() == 2 and last_values.shape[1] == 1:
-        last_values = last_values[:, 0]
-    if tuple(last_values.shape) != (n,):
-        raise ValueError(f"last_values: expected shape [{n}] or [{n}, 1], found {list(last_values.shape)}")
-    tensors = [rewards, values, dones, last_values]
-    to = None
-    if time_outs is not None:
-        to = _as_tn(time_outs.detach(), "time_outs")
-        if tuple(to.shape) != shape:
-            raise ValueError(f"time_outs: expected shape {list(shape)} like rewards, found {list(to.shape)}")
-        tensors.append(time_outs)
-    device = rewards.device
-    for x in tensors:
-        if x.device != device:
-            raise ValueError(f"all inputs must be on one device, found {device} and {x.device}")
-    return (
-        _as_f32(r, "rewards"),
-        _as_f32(v, "values"),
-        _as_flag(d),
-        _as_f32(last_values, "last_values"),
-        None if to is None else _as_flag(to),
-    )
+    to = None if time_outs is None else _as_tn(time_outs.detach(), "time_outs")
+    lv = last_values.detach()
+    if lv.dim() == 2 and lv.shape[1] == 1:
+        lv = lv[:, 0]
+    if tuple(lv.shape) != (r.shape[1],):
+        raise ValueError(f"last_values: expected shape [{r.shape[1]}] or [{r.shape[1]}, 1], found {list(lv.shape)}")
+    _check_shapes(tuple(r.shape), {"rewards": r, "values": v, "dones": d, "time_outs": to, "last_values": lv})
+    v32 = _as_float(v, "values")
+    r = _as_float(r, "rewards", keep_float64=to is not None)
+    if to is not None:
+        r = bootstrap_rewards(r, v32, to, gamma)
+    return r.to(torch.float32).contiguous(), v32, _as_flag(d), _as_float(lv, "last_values")
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Public API
-# ----------------------------------------------------------------------------------------------------------------
+def _outputs(r: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if out is None:
+        return torch.empty_like(r), torch.empty_like(r)
+    for name, x in (("out[0]", out[0]), ("out[1]", out[1])):
+        if x.shape != r.shape or x.dtype != torch.float32 or x.device != r.device or not x.is_contiguous():
+            raise ValueError(
+                f"{name}: expected a contiguous float32 tensor of shape {list(r.shape)} on {r.device}, found "
+                f"{x.dtype} {list(x.shape)} on {x.device}"
+            )
+    return out
 
 
 def compute_gae(
@@ -158,85 +140,58 @@ def compute_gae(
         lam: GAE lambda in ``[0, 1]``.
         time_outs: optional ``[T, N]`` / ``[T, N, 1]`` flags (nonzero = truncated); applies RSL-RL's bootstrap
             ``r_t + gamma * (V(s_t) * time_out_t)`` to a copy of the rewards before the recurrence.
-        backend: ``"numba"`` (CPU tensors only), ``"torch"`` (any device), or ``"auto"``: numba on CPU, torch
-            elsewhere.
-        num_threads: CPU threads for the numba backend; default ``torch.get_num_threads()``.
+        backend: ``"cpu"`` (the exact kernel, CPU tensors only), ``"torch"`` (the scan, any device), or
+            ``"auto"``: cpu on the CPU, torch elsewhere.
+        num_threads: threads of the CPU kernel (default: the CPUs this process may use); never changes a bit.
         out: optional ``(advantages, returns)`` buffers to write into and return: contiguous float32 ``[T, N]`` on
-            the inputs' device, not overlapping the inputs. Reusing buffers (as RSL-RL's storage does) saves the
-            page faults of fresh memory, which can cost more than the computation itself.
+            the inputs' device, not overlapping the inputs (reused buffers save the page faults of fresh memory).
 
     Returns:
         ``(advantages, returns)``, both float32 ``[T, N]`` on the inputs' device, not normalised (see
-        :func:`normalize_advantages`). ``returns = advantages + values``.
+        :func:`normalize_advantages`). ``advantages = returns - values``, as RSL-RL stores them.
     """
-    _check_coefficients(gamma, lam)
-    r, v, d, lv, to = _prepare(rewards, values, dones, last_values, time_outs)
-    if out is None:
-        adv = torch.empty(r.shape, dtype=torch.float32, device=r.device)
-        ret = torch.empty(r.shape, dtype=torch.float32, device=r.device)
-    else:
-        adv, ret = out
-        for name, x in (("out[0]", adv), ("out[1]", ret)):
-            if x.shape != r.shape or x.dtype != torch.float32 or x.device != r.device or not x.is_contiguous():
-                raise ValueError(
-                    f"{name}: expected a contiguous float32 tensor of shape {list(r.shape)} on {r.device}, found "
-                    f"{x.dtype} {list(x.shape)} on {x.device}"
-                )
+    for name, value in (("gamma", gamma), ("lam", lam)):
+        if not 0.0 <= float(value) <= 1.0:
+            raise ValueError(f"{name}: expected a number in [0, 1], found {value}")
+    if backend not in ("auto", "cpu", "torch"):
+        raise ValueError(f"backend: expected 'auto', 'cpu' or 'torch', found {backend!r}")
+    r, v, d, lv = _prepare(rewards, values, dones, last_values, time_outs, gamma)
+    adv, ret = _outputs(r, out)
     if backend == "auto":
-        backend = "numba" if r.device.type == "cpu" else "torch"
+        backend = "cpu" if r.device.type == "cpu" else "torch"
     if backend == "torch":
-        _gae_torch(r, v, d, lv, to, gamma, lam, adv, ret)
-    elif backend != "numba":
-        raise ValueError(f"backend: expected 'auto', 'numba' or 'torch', found {backend!r}")
+        _gae_torch(r, v, d, lv, gamma, lam, adv, ret)
     elif r.device.type != "cpu":
-        raise ValueError(f"backend 'numba' needs CPU tensors, found {r.device}; use backend='torch' or 'auto'")
+        raise ValueError(f"backend 'cpu' needs CPU tensors, found {r.device}; use backend='torch' or 'auto'")
     else:
-        _gae_numba(r, v, d, lv, to, gamma, lam, num_threads or torch.get_num_threads(), adv, ret)
+        arrays = (r.numpy(), v.numpy(), d.numpy(), lv.numpy())
+        gae_arrays(*arrays, gamma, lam, threads=num_threads, out=(adv.numpy(), ret.numpy()))
     return adv, ret
 
 
 def bootstrap_time_outs(
     rewards: torch.Tensor, values: torch.Tensor, time_outs: torch.Tensor, gamma: float
 ) -> torch.Tensor:
-    """RSL-RL's time-out bootstrap: ``rewards + gamma * (values * time_outs)``, as a new float32 ``[T, N]`` tensor.
+    """RSL-RL's time-out bootstrap ``rewards + gamma * (values * time_outs)`` as a new float32 ``[T, N]`` tensor.
 
-    A truncated episode did not end in a terminal state, so the value of the state at the step stands in for the
-    lost next state. Inputs ``[T, N]`` or ``[T, N, 1]``; ``time_outs`` bool or numbers (nonzero = truncated).
+    Inputs ``[T, N]`` or ``[T, N, 1]``; ``time_outs`` bool or numbers (nonzero = truncated). Values are rounded
+    to float32 (RSL-RL's critic output) and float64 rewards are bootstrapped in float64, then rounded.
     """
-    r = _as_f32(_as_tn(rewards, "rewards"), "rewards")
-    v = _as_f32(_as_tn(values, "values"), "values")
-    to = _as_tn(time_outs, "time_outs")
+    r, v, to = _as_tn(rewards, "rewards"), _as_tn(values, "values"), _as_tn(time_outs, "time_outs")
     if tuple(v.shape) != tuple(r.shape) or tuple(to.shape) != tuple(r.shape):
         raise ValueError(
             f"rewards, values and time_outs must have one shape, found {list(r.shape)}, {list(v.shape)}, "
             f"{list(to.shape)}"
         )
-    # Same operation order as RSL-RL (values * time_outs first, then gamma), so results agree bit for bit.
-    return r + gamma * (v * (to != 0).to(torch.float32))
+    bootstrapped = bootstrap_rewards(_as_float(r, "rewards", True), _as_float(v, "values"), to, gamma)
+    return bootstrapped.to(torch.float32)
 
 
 def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
-    """RSL-RL's whole-rollout normalisation: ``(A - A.mean()) / (A.std() + 1e-8)``, unbiased std.
-
-    Same expression and dtype as RSL-RL, so the result agrees bit for bit. Any shape; returns a new tensor.
-    """
+    """RSL-RL's whole-rollout normalisation ``(A - A.mean()) / (A.std() + 1e-8)`` with torch's float32 mean and
+    unbiased std: RSL-RL's own expression, so the bits are RSL-RL's in the same process (the rounding of torch's
+    reduction depends on the thread count and the device). One element gives NaN, as in RSL-RL."""
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-
-
-def normalize_with(advantages: torch.Tensor, mean: float, std: float) -> torch.Tensor:
-    """``(A - mean) / (std + 1e-8)`` with global statistics (e.g. from :class:`rolloutcli.core.stats.EnvMoments`).
-
-    ``mean`` and ``std`` are rounded to float32 first and the expression is RSL-RL's, so with float32
-    statistics equal to RSL-RL's the result is identical to :func:`normalize_advantages`.
-    """
-    m = torch.tensor(mean, dtype=torch.float32, device=advantages.device)
-    s = torch.tensor(std, dtype=torch.float32, device=advantages.device)
-    return (advantages - m) / (s + 1e-8)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Torch backend: log-depth scan, device-agnostic
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def _gae_torch(
@@ -244,7 +199,6 @@ def _gae_torch(
     v: torch.Tensor,
     d: torch.Tensor,
     lv: torch.Tensor,
-    to: torch.Tensor | None,
     gamma: float,
     lam: float,
     adv: torch.Tensor,
@@ -252,13 +206,11 @@ def _gae_torch(
 ) -> None:
     """GAE on any device with ``ceil(log2 T)`` rounds of whole-tensor ops; writes float32 ``[T, N]`` adv and ret."""
     nd_gamma = (d == 0).to(torch.float32) * gamma  # not_done * gamma, RSL-RL's operation order
-    if to is not None:
-        r = r + gamma * (v * (to != 0).to(torch.float32))
     next_v = torch.cat([v[1:], lv.unsqueeze(0)], dim=0)
     b = r + nd_gamma * next_v - v  # delta_t
     c = nd_gamma * lam
-    adv.copy_(_reverse_linear_scan(c, b))
-    torch.add(adv, v, out=ret)
+    torch.add(_reverse_linear_scan(c, b), v, out=ret)
+    torch.sub(ret, v, out=adv)
 
 
 def _reverse_linear_scan(c: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -284,35 +236,3 @@ def _reverse_linear_scan(c: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         a_cur, a_nxt = a_nxt, a_cur
         s *= 2
     return a_cur
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Numba backend: the kernels of rolloutcli.core.gae_kernels on zero-copy numpy views
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _gae_numba(
-    r: torch.Tensor,
-    v: torch.Tensor,
-    d: torch.Tensor,
-    lv: torch.Tensor,
-    to: torch.Tensor | None,
-    gamma: float,
-    lam: float,
-    n_threads: int,
-    adv: torch.Tensor,
-    ret: torch.Tensor,
-) -> None:
-    """Numba GAE on the contiguous CPU tensors of :func:`_prepare`; writes float32 ``[T, N]`` ``adv`` and ``ret``."""
-    gae_kernels.gae_into(
-        r.numpy(),
-        v.numpy(),
-        d.numpy(),
-        lv.numpy(),
-        None if to is None else to.numpy(),
-        gamma,
-        lam,
-        n_threads,
-        adv.numpy(),
-        ret.numpy(),
-    )

@@ -1,25 +1,20 @@
-"""rolloutcli's compiled kernels (``_native.c``), loaded with ctypes: GAE for the ``gae`` command and the row
-gathers of the feed-forward export.
+"""rolloutcli's compiled kernels (``_native.c``), loaded with ctypes: the CPU GAE kernel and the row gathers of
+the feed-forward export.
 
 The C file is compiled by ``pip install`` where a compiler is available (``setup.py``; optional). Where it
-was not, every function here returns None and the callers use numba (GAE) or torch (gathers) instead, with
-the same results. This module imports neither torch nor numba. The wrappers check what C would misread:
-dtypes, shapes, contiguity and index ranges.
+was not, :func:`library` returns None and the callers run numpy (GAE: the same bits, only slower) or torch
+indexing (gathers: the same bytes). This module imports neither torch nor h5py. The wrappers check what C
+would misread: dtypes, shapes, contiguity and index ranges.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
 
 import numpy as np
 
-ABI_VERSION = 2  # rolloutcli_native_abi_version() of the compiled file this module speaks to
-
-NativeGae = Callable[
-    [np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, float, float, np.ndarray, np.ndarray], None
-]
+ABI_VERSION = 3  # rolloutcli_native_abi_version() of the compiled file this module speaks to
 
 
 @functools.cache
@@ -29,11 +24,11 @@ def library() -> ctypes.CDLL | None:
         from rolloutcli.core import _native  # type: ignore[attr-defined]
     except ImportError:
         return None
-    lib = ctypes.CDLL(_native.__file__)
+    lib = ctypes.CDLL(_native.__file__)  # a CDLL call releases the GIL: threads run column blocks in parallel
     if lib.rolloutcli_native_abi_version() != ABI_VERSION:
         return None
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    lib.rolloutcli_gae.argtypes = [pointer] * 5 + [size] * 2 + [ctypes.c_float] * 2 + [pointer] * 3
+    lib.rolloutcli_gae.argtypes = [pointer] * 4 + [size] * 3 + [ctypes.c_float] * 2 + [pointer] * 3
     lib.rolloutcli_gae.restype = None
     lib.rolloutcli_gather_rows.argtypes = [pointer, pointer, size, size, pointer]
     lib.rolloutcli_gather_rows.restype = None
@@ -42,68 +37,37 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-@functools.cache
-def gae_kernel() -> NativeGae | None:
-    """The compiled GAE as ``gae(r, v, d, to, lv, gamma, lam, adv, ret)``, or None where it was not built.
+def gae_columns(
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    gamma: float,
+    lam: float,
+    start: int,
+    stop: int,
+) -> None:
+    """The C kernel on env columns ``[start, stop)`` of ``(r, v, d, lv, adv, ret, carry)``.
 
-    Single-threaded and unchunked: RSL-RL's float32 operations in RSL-RL's order, so its results equal
-    RSL-RL's bit for bit at every shape.
+    The arrays are checked by :func:`rolloutcli.core.gae_numpy.gae_arrays` (C-contiguous, float32 / uint8,
+    ``[T, N]`` and ``[N]``); this only offsets the pointers. Releases the GIL while it runs.
     """
-    native = library()
-    if native is None:
-        return None
-    kernel = native.rolloutcli_gae  # argument types set by library()
-
-    def gae(
-        r: np.ndarray,
-        v: np.ndarray,
-        d: np.ndarray,
-        to: np.ndarray | None,
-        lv: np.ndarray,
-        gamma: float,
-        lam: float,
-        adv: np.ndarray,
-        ret: np.ndarray,
-    ) -> None:
-        """Write ``adv``, ``ret`` float32 ``[T, N]`` from ``r``, ``v`` float32 and ``d``, ``to`` uint8 ``[T, N]``
-        and ``lv`` float32 ``[N]`` (all C-contiguous; checked, as C would read past a wrong shape). ``adv`` and
-        ``ret`` must be fresh arrays, overlapping no input (the C code assumes it)."""
-        steps, envs = r.shape
-        for name, array, dtype, shape in (
-            ("rewards", r, np.float32, (steps, envs)),
-            ("values", v, np.float32, (steps, envs)),
-            ("dones", d, np.uint8, (steps, envs)),
-            ("time_outs", to, np.uint8, (steps, envs)),
-            ("last_values", lv, np.float32, (envs,)),
-            ("advantages", adv, np.float32, (steps, envs)),
-            ("returns", ret, np.float32, (steps, envs)),
-        ):
-            if array is None:
-                continue
-            if array.dtype != dtype or array.shape != shape or not array.flags.c_contiguous:
-                raise ValueError(
-                    f"{name}: expected a C-contiguous {np.dtype(dtype)} array of shape {list(shape)}, found "
-                    f"{array.dtype} {list(array.shape)} (contiguous: {array.flags.c_contiguous})"
-                )
-        if not (adv.flags.writeable and ret.flags.writeable):
-            raise ValueError("advantages, returns: expected writeable arrays")
-        carry = np.empty(envs, np.float32)
-        kernel(
-            r.ctypes.data,
-            v.ctypes.data,
-            d.ctypes.data,
-            None if to is None else to.ctypes.data,
-            lv.ctypes.data,
-            steps,
-            envs,
-            gamma,
-            lam,
-            adv.ctypes.data,
-            ret.ctypes.data,
-            carry.ctypes.data,
-        )
-
-    return gae
+    r, v, d, lv, adv, ret, carry = arrays
+    lib = library()
+    assert lib is not None
+    steps, envs = r.shape
+    f, b = 4 * start, start  # byte offsets of the first column: float32 and uint8
+    lib.rolloutcli_gae(
+        r.ctypes.data + f,
+        v.ctypes.data + f,
+        d.ctypes.data + b,
+        lv.ctypes.data + f,
+        steps,
+        stop - start,
+        envs,
+        gamma,
+        lam,
+        adv.ctypes.data + f,
+        ret.ctypes.data + f,
+        carry.ctypes.data + f,
+    )
 
 
 def _check_rows(rows: np.ndarray, source_rows: int, name: str) -> None:

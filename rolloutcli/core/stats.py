@@ -1,6 +1,6 @@
 """The numbers ``inspect`` shows, computed blockwise and merged, as plain data (numpy only: no torch).
 
-``Moments`` and ``EnvMoments`` live in :mod:`rolloutcli.core.moments` and are re-exported here.
+``Moments`` and ``ExactMoments`` live in :mod:`rolloutcli.core.moments` and are re-exported here.
 
 Every accumulator here can be built from one env block and merged with another (``merge``), so a file
 larger than memory is summarised block by block with the same result as a single pass.
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rolloutcli.core.moments import EnvMoments, Moments, host_array
+from rolloutcli.core.moments import ExactMoments, Moments, host_array
 
-__all__ = ["EnvMoments", "EpisodeStats", "Moments"]
+__all__ = ["EpisodeStats", "ExactMoments", "Moments"]
 
 
 @dataclass

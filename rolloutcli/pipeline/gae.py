@@ -1,19 +1,15 @@
 """``rolloutcli gae``: advantages and returns for a rollout file, streamed in env blocks.
 
-GAE is independent per env, so the file is processed in env blocks sized by ``--max-memory``:
-pass 1 computes ``A`` and ``returns`` per block and gathers per-env moments of ``A``; when normalising,
-pass 2 rewrites ``advantages = (A - mean) / (std + 1e-8)`` with the global mean and unbiased std.
+The input is opened and validated first; then its bytes are copied to the temporary output (every dataset gae
+does not touch is carried over as stored) and the copy gets ``advantages``, ``returns`` and, when this run
+bootstraps time-outs, the bootstrapped ``rewards`` (the recorded ones kept as ``rewards_raw``).
 
-Datasets GAE does not touch are carried over by copying the file's bytes (``copy_file_range``, nothing
-decoded) into the temporary output, in a background thread that starts before the input is even opened: the
-safety audit, the validation pass, loading the kernels and the first block's GAE all run while the kernel
-copies. Then the copy is opened ``r+`` and only ``advantages``, ``returns`` (and bootstrapped ``rewards``, the
-recorded ones kept as ``rewards_raw``) are written.
-
-On the CPU everything runs on numpy arrays and the numba kernels of :mod:`rolloutcli.core.gae_kernels`:
-torch is never imported (it would cost about a second, more than the work on a 1 GB file). Another device
-runs :func:`rolloutcli.core.gae.compute_gae`'s torch scan there; the bootstrap, the statistics and the
-normalisation stay in numpy (elementwise passes on the data on its way to the file).
+GAE is independent per env, so the file is processed in env blocks sized by ``--max-memory`` with the CPU
+kernel of :mod:`rolloutcli.core.gae_numpy` (RSL-RL's float32 loop, bit for bit; torch is never imported).
+Advantages are ``returns - values``, as RSL-RL stores them. When normalising, the exactly rounded mean and
+unbiased std of all advantages (:class:`rolloutcli.core.moments.ExactMoments`) give
+``(A - mean) / (std + 1e-8)`` in float32, so the bytes never depend on ``--max-memory``, threads or the install.
+Before publishing, the input must be the file it was at the start (device, inode, size, modification time).
 """
 
 from __future__ import annotations
@@ -24,11 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
+import numpy as np
+
+from rolloutcli.core.gae_numpy import bootstrap_rewards, gae_arrays, normalize_array
+from rolloutcli.core.moments import ExactMoments
+from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_USAGE, RolloutError, problem_line
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
-from rolloutcli.hdf5.filecopy import BackgroundCopy
+from rolloutcli.hdf5.filecopy import OpenCopy, copy_file_bytes
 from rolloutcli.hdf5.limits import check_regular_file
-from rolloutcli.hdf5.probe import start_helper
+from rolloutcli.hdf5.reader import RolloutReader
+from rolloutcli.hdf5.safety import HDF5_ERRORS, translate_write_error
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import NoProgress, Progress
 
@@ -53,6 +54,22 @@ class GaeOptions:
     last_values: str = "recorded"
 
 
+@dataclass(frozen=True)
+class _Rewards:
+    """Where this run's rewards come from and what it does with them.
+
+    Attributes:
+        bootstrap: this run bootstraps time-outs (and writes ``rewards``).
+        already: the input's ``rewards`` hold a bootstrap with this gamma; used as they are.
+        raw: dataset of the copy holding the raw rewards, when they are read from the copy
+            (``rewards_raw`` of an earlier gae run with another gamma), else None: the input's ``rewards``.
+    """
+
+    bootstrap: bool
+    already: bool
+    raw: str | None
+
+
 def run_gae(
     src: Path,
     dst: Path | None,
@@ -66,6 +83,7 @@ def run_gae(
     """Write ``dst`` (or replace ``src`` when ``in_place``) = ``src`` + advantages, returns, attributes."""
     progress = progress or NoProgress()
     started = time.perf_counter()
+    _check_options(options)
     src = Path(src)
     if in_place:
         dst = Path(os.path.realpath(src))  # replace the file itself, not a symlink to it
@@ -74,7 +92,6 @@ def run_gae(
             "gae: expected an output path (-o OUT.h5) or --in-place, found neither.", exit_code=EXIT_USAGE
         )
     dst = Path(dst)
-    # Refuse a bad output before anything is read or copied; atomic_file checks again.
     check_output_path(dst, [src], overwrite=overwrite or in_place, replace_input=in_place)
     check_regular_file(src)  # before the copy: a FIFO or device would never end
     if in_place and not os.access(src, os.W_OK):
@@ -83,14 +100,18 @@ def run_gae(
             "Make it writable (chmod u+w) or write a new file with -o OUT.h5.",
             exit_code=EXIT_IO,
         )
-    start_helper()  # the metadata probe's interpreter starts while the copy does
+    identity = _identity(src)
     with atomic_file(dst, inputs=[src], overwrite=overwrite, replace_input=in_place) as tmp:
-        progress.start("copy", max(1, src.stat().st_size))
-        with BackgroundCopy(src, tmp) as copy:
-            # h5py, numpy and the kernels are imported while the kernel copies the file (about 0.1 s).
-            from rolloutcli.pipeline.gae_work import compute_into
-
-            summary, bootstrap, already = compute_into(src, dst, tmp, copy, options, run, progress)
+        try:
+            summary, rewards = _compute(src, tmp, options, run, progress)
+        except HDF5_ERRORS as exc:
+            raise translate_write_error(dst, exc, src) from exc
+        if _identity(src) != identity:
+            raise RolloutError(
+                f"{src}: the input changed while gae ran (its size, modification time or inode); nothing was "
+                "written. Run gae again once the file is complete.",
+                exit_code=EXIT_IO,
+            )
     summary.update(
         {
             "input": str(src),
@@ -99,10 +120,232 @@ def run_gae(
             "gamma": options.gamma,
             "lambda": options.lam,
             "normalized": options.normalize,
-            "timeouts_bootstrapped": bootstrap or already,
-            "bootstrapped_by_this_run": bootstrap,
+            "timeouts_bootstrapped": rewards.bootstrap or rewards.already,
+            "bootstrapped_by_this_run": rewards.bootstrap,
             "last_values": options.last_values,
             "seconds": time.perf_counter() - started,
         }
     )
     return summary
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _check_options(options: GaeOptions) -> None:
+    if not 0.0 <= options.gamma <= 1.0 or not 0.0 <= options.lam <= 1.0:
+        raise RolloutError(
+            f"--gamma/--lam: expected values in [0, 1], found gamma={options.gamma}, lam={options.lam}.",
+            exit_code=EXIT_USAGE,
+        )
+    if options.last_values not in ("recorded", "zero"):
+        raise RolloutError(
+            f"--last-values: expected 'recorded' or 'zero', found '{options.last_values}'.", exit_code=EXIT_USAGE
+        )
+
+
+def _compute(
+    src: Path, tmp: Path, options: GaeOptions, run: RunOptions, progress: Progress
+) -> tuple[dict[str, Any], _Rewards]:
+    """Validate ``src``, copy it to ``tmp`` and add GAE's datasets to the copy."""
+    with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
+        _check_fields(reader, options)
+        rewards = _plan_rewards(reader, options)
+        progress.start("copy", max(1, src.stat().st_size))
+        copy_file_bytes(src, tmp, progress.advance)
+        with OpenCopy(tmp) as out:
+            _prepare_output(out, rewards, reader.T, reader.N)
+            summary = _write(reader, out, rewards, options, run, progress)
+    return summary, rewards
+
+
+def _check_fields(reader: RolloutReader, options: GaeOptions) -> None:
+    """Everything GAE needs is there (every problem at once, exit 1)."""
+    fields, recorded = reader.schema.fields, options.last_values == "recorded"
+    missing = [
+        ("values", "values" not in fields, "a dataset [T, N] of V(s_t)", "gae needs the critic's values; record them."),
+        (
+            "last_values",
+            recorded and "last_values" not in fields,
+            "a dataset [N] of V(s_T) to bootstrap the rollout end",
+            "Record it, or pass --last-values zero to treat the end of the rollout as terminal.",
+        ),
+        (
+            "time_outs",
+            options.bootstrap_timeouts and "time_outs" not in fields,
+            "a dataset [T, N] for --bootstrap-timeouts",
+            "Record time-outs, or pass --no-bootstrap-timeouts.",
+        ),
+    ]
+    problems = [problem_line(reader.path, name, what, "nothing", fix) for name, bad, what, fix in missing if bad]
+    if problems:
+        raise RolloutError.many(reader.path, problems, exit_code=EXIT_BAD_DATA)
+
+
+def _flag_attribute(path: Path, attrs: dict[str, Any], name: str) -> bool:
+    """A root attribute that must be a boolean (or 0/1); False when absent."""
+    value = attrs.get(name, False)
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise RolloutError(
+        f"{path}: attribute '{name}': expected a boolean (true/false or 0/1), found {value!r}. Set it to a "
+        f"boolean (h5py: f.attrs['{name}'] = False).",
+        exit_code=EXIT_BAD_DATA,
+    )
+
+
+def _plan_rewards(reader: RolloutReader, options: GaeOptions) -> _Rewards:
+    """Decide the rewards' source and bootstrap; never mixes two gammas (see :class:`_Rewards`)."""
+    fields, attrs = reader.schema.fields, reader.schema.attrs
+    wanted = options.bootstrap_timeouts if options.bootstrap_timeouts is not None else "time_outs" in fields
+    wanted = bool(wanted) and "time_outs" in fields
+    if not _flag_attribute(reader.path, attrs, "timeouts_bootstrapped"):
+        return _Rewards(bootstrap=wanted, already=False, raw=None)
+    recorded = attrs.get("gae_gamma")
+    if not isinstance(recorded, (int, float)) or float(recorded) == float(options.gamma):
+        return _Rewards(bootstrap=False, already=True, raw=None)  # bootstrapped with this gamma: never twice
+    if "rewards_raw" not in fields:
+        raise RolloutError.field(
+            reader.path,
+            "rewards_raw",
+            f"the raw rewards to bootstrap with --gamma {options.gamma} (the rewards hold a time-out bootstrap "
+            f"with gae_gamma {recorded})",
+            "nothing",
+            f"Pass --gamma {recorded}, or run gae on the recording with its raw rewards.",
+        )
+    raw, stored = fields["rewards_raw"], fields["rewards"]
+    if raw.shape != stored.shape or raw.dtype.kind != "f":
+        raise RolloutError.field(
+            reader.path,
+            "rewards_raw",
+            f"float raw rewards of the shape of rewards {list(stored.shape)}",
+            f"{raw.dtype} {list(raw.shape)}",
+            "Store the recorded rewards there, or run gae on the recording.",
+        )
+    return _Rewards(bootstrap=wanted, already=False, raw="rewards_raw" if wanted else "rewards")
+
+
+def _prepare_output(out: OpenCopy, rewards: _Rewards, steps: int, envs: int) -> None:
+    """Make room in the copy for this run's datasets (see :class:`_Rewards`)."""
+    if rewards.raw is None and rewards.bootstrap:
+        out.rename("rewards", "rewards_raw")
+        out.set_attrs({"meaning": "rewards as recorded, before time-out bootstrapping"}, "rewards_raw")
+    elif rewards.raw == "rewards":  # an earlier run's bootstrap is undone: the raw rewards are the rewards again
+        out.rename("rewards_raw", "rewards")
+    for name in (*WRITTEN, "rewards") if rewards.bootstrap else WRITTEN:
+        out.create(name, steps, envs)
+
+
+def _block_rewards(
+    reader: RolloutReader, out: OpenCopy, rewards: _Rewards, block: dict[str, np.ndarray], gamma: float, span: slice
+) -> tuple[np.ndarray, int]:
+    """Float32 rewards of one env block for GAE (bootstrapped in their stored precision when this run
+    bootstraps) and the number of time-outs bootstrapped."""
+    if rewards.raw is not None:
+        raw = out.read_steps(rewards.raw, span.start, span.stop)
+    elif rewards.bootstrap:
+        raw = reader.read("rewards", span.start, span.stop)
+        raw = raw.reshape(raw.shape[:2])
+    else:
+        return block["rewards"], 0
+    raw = raw.astype(np.float64 if raw.dtype == np.float64 else np.float32, copy=False)
+    if not rewards.bootstrap:
+        return np.ascontiguousarray(raw, dtype=np.float32), 0
+    time_outs = block["time_outs"]
+    bootstrapped = bootstrap_rewards(raw, block["values"], time_outs, gamma)
+    return np.ascontiguousarray(bootstrapped, dtype=np.float32), int(np.count_nonzero(time_outs))
+
+
+def _write(
+    reader: RolloutReader, out: OpenCopy, rewards: _Rewards, options: GaeOptions, run: RunOptions, progress: Progress
+) -> dict[str, Any]:
+    """Pass 1: GAE per env block; pass 2 (when normalising): ``(A - mean) / (std + 1e-8)``."""
+    fields = reader.schema.fields
+    inputs = [n for n in ("rewards", "values", "dones", "time_outs") if n in fields]
+    # bytes per env in flight: inputs as stored + float32 copies + A, R (and bootstrapped rewards)
+    blocks = reader.blocks(inputs, budget=max(run.max_memory // 4, 1))
+    as_read = rewards.raw is None and not rewards.bootstrap  # else _block_rewards reads them in their own dtype
+    needed = ["values", "dones"] + (["rewards"] if as_read else []) + (["time_outs"] if rewards.bootstrap else [])
+    if "last_values" in fields and options.last_values == "recorded":
+        needed.append("last_values")
+    raw_moments, return_moments, bootstrapped = ExactMoments(), ExactMoments(), 0
+    kept: np.ndarray | None = None  # the one block's advantages, kept for pass 2
+    progress.start("gae", len(blocks) * (2 if options.normalize and len(blocks) > 1 else 1))
+    for start, stop in blocks:
+        block = reader.arrays(needed, start, stop)
+        last_values = block.get("last_values", np.zeros(stop - start, np.float32))
+        r, count = _block_rewards(reader, out, rewards, block, options.gamma, slice(start, stop))
+        bootstrapped += count
+        advantages, returns = gae_arrays(r, block["values"], block["dones"], last_values, options.gamma, options.lam)
+        if rewards.bootstrap:
+            out.write("rewards", start, stop, r)
+        out.write("returns", start, stop, returns)
+        return_moments = return_moments.merge(ExactMoments.of(returns))
+        raw_moments = raw_moments.merge(ExactMoments.of(advantages))
+        if options.normalize and len(blocks) == 1:
+            kept = advantages
+        else:
+            out.write("advantages", start, stop, advantages)
+        progress.advance()
+    moments = raw_moments
+    if options.normalize:
+        moments = _normalize(out, blocks, kept, raw_moments, progress)
+    progress.finish()
+    _set_attributes(out, rewards, options, raw_moments)
+    return {
+        "T": reader.T,
+        "N": reader.N,
+        "blocks": len(blocks),
+        "bootstrapped_rewards": bootstrapped,
+        "advantages": moments.as_dict(),
+        "returns": return_moments.as_dict(),
+        "advantages_raw_mean": _number(raw_moments.mean) if options.normalize else None,
+        "advantages_raw_std": _number(raw_moments.std) if options.normalize else None,
+    }
+
+
+def _normalize(
+    out: OpenCopy,
+    blocks: list[tuple[int, int]],
+    kept: np.ndarray | None,
+    raw: ExactMoments,
+    progress: Progress,
+) -> ExactMoments:
+    """Rewrite the advantages normalised with the exact statistics; return the moments of the result.
+
+    One value has no spread: its std is NaN and so is its normalised advantage, as in RSL-RL.
+    """
+    moments = ExactMoments()
+    for start, stop in blocks:
+        advantages = kept if kept is not None else out.read_written("advantages", start, stop)
+        normalized = normalize_array(advantages, raw.mean, raw.std)
+        out.write("advantages", start, stop, normalized)
+        moments = moments.merge(ExactMoments.of(normalized))
+        if kept is None:
+            progress.advance()
+    return moments
+
+
+def _set_attributes(
+    out: OpenCopy, rewards: _Rewards, options: GaeOptions, raw: ExactMoments
+) -> None:
+    normalized = options.normalize  # an earlier run's statistics are removed when this one does not normalise
+    out.set_attrs(
+        {
+            "gae_gamma": options.gamma,
+            "gae_lambda": options.lam,
+            "advantages_normalized": normalized,
+            "timeouts_bootstrapped": rewards.bootstrap or rewards.already,
+            "last_values_mode": options.last_values,
+            "advantages_normalization": "exact" if normalized else None,
+            "advantages_raw_mean": raw.mean if normalized else None,
+            "advantages_raw_std": raw.std if normalized else None,
+        }
+    )
+
+
+def _number(value: float) -> float | None:
+    """A statistic for the JSON summary: None where it is not a number."""
+    return None if value != value else value
