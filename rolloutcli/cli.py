@@ -132,7 +132,6 @@ def gae(
     in_place: flag("--in-place", text="Add the results to FILE itself (atomically).") = False,
     overwrite: OverwriteOpt = False,
     json_output: JsonOpt = False,
-    device: DeviceOpt = "auto",
     max_memory: MemoryOpt = "1G",
     allow_external: ExternalOpt = False,
     quiet: QuietOpt = False,
@@ -143,7 +142,7 @@ def gae(
 
     if in_place and output is not None:
         raise RolloutError("gae: expected either -o OUT.h5 or --in-place, found both.", exit_code=EXIT_USAGE)
-    run = run_options(max_memory, allow_external, device, auto="cpu")
+    run = run_options(max_memory, allow_external)
     options = GaeOptions(gamma, lam, normalize, bootstrap_timeouts, last_values.value)
     summary = run_gae(file, output, options, run, overwrite=overwrite, in_place=in_place, progress=RichProgress(quiet))
     emit(summary, render_gae, json_output, quiet, file if in_place else output)

@@ -84,16 +84,16 @@ ExternalOpt = flag("--allow-external", text="Trust soft/external links, external
 DeviceOpt = Annotated[
     str,
     typer.Option(
-        "--device", metavar="DEVICE", help="auto (CUDA when available; the CPU for gae), cpu, cuda, cuda:<i>."
+        "--device", metavar="DEVICE", help="auto (CUDA when available), cpu, cuda, cuda:<i>."
     ),
 ]
 
 
-def run_options(max_memory: str, allow_external: bool, device: str = "cpu", auto: str | None = None) -> Any:
+def run_options(max_memory: str, allow_external: bool, device: str = "cpu") -> Any:
     """The shared options resolved (sizes parsed, the device checked) before any file is opened."""
     from rolloutcli.pipeline.options import RunOptions
 
-    return RunOptions.from_cli(device, max_memory, allow_external, auto=auto)
+    return RunOptions.from_cli(device, max_memory, allow_external)
 
 
 class RunState:

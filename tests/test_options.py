@@ -39,16 +39,16 @@ def test_parse_size_rejects(text: str) -> None:
 def test_resolve_device() -> None:
     assert resolve_device("cpu") == "cpu"
     assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert RunOptions.from_cli("auto", auto="cpu").device == "cpu"  # what `gae` asks for
+    assert RunOptions.from_cli().device == "cpu"  # commands without --device
     with pytest.raises(RolloutError, match="expected auto, cpu, cuda or cuda:<index>, found 'tpu'"):
         resolve_device("tpu")
 
 
 def test_cpu_never_imports_torch() -> None:
-    # inspect and batch run on the CPU, and gae's `--device auto` means the CPU: none of them loads torch for it.
+    # inspect, gae and batch run on the CPU: none of them loads torch to resolve a device.
     code = (
         "import sys; from rolloutcli.pipeline.options import RunOptions, resolve_device; "
-        "assert resolve_device('cpu') == 'cpu' and RunOptions.from_cli('auto', auto='cpu').device == 'cpu'; "
+        "assert resolve_device('cpu') == 'cpu' and RunOptions.from_cli().device == 'cpu'; "
         "assert RunOptions.from_cli(max_memory='64K').device == 'cpu'; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )

@@ -67,11 +67,6 @@ class RunOptions:
     safety: SafetyOptions = field(default_factory=SafetyOptions)
 
     @classmethod
-    def from_cli(
-        cls, device: str = "cpu", max_memory: str = "1G", allow_external: bool = False, *, auto: str | None = None
-    ) -> RunOptions:
-        """Options from their command-line spelling; ``auto`` (if given) is what ``--device auto`` means for this
-        command (``gae`` runs on the CPU). Commands that compute nothing on a device leave ``device`` at ``cpu``.
-        """
-        name = auto if auto is not None and device.strip().lower() == "auto" else device
-        return cls(resolve_device(name), parse_size(max_memory), SafetyOptions(allow_external=allow_external))
+    def from_cli(cls, device: str = "cpu", max_memory: str = "1G", allow_external: bool = False) -> RunOptions:
+        """Options from their command-line spelling; commands that compute nothing on a device leave ``cpu``."""
+        return cls(resolve_device(device), parse_size(max_memory), SafetyOptions(allow_external=allow_external))
