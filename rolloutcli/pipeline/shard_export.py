@@ -1,9 +1,19 @@
-"""What every shard export shares (``batch`` in all its modes): fields, the emitter, the folder's life.
+"""The one shard export engine (``batch`` in every mode: feed-forward, recurrent, distillation, history).
+
+A mode is an :class:`ExportJob`: the fields it reads, its :class:`~rolloutcli.core.batching.BatchPlan` (the
+items of each shard in slot order; an item is named by a source row ``t * N + n``: a step for the per-step
+modes, the newest step of a window for history), how a block read from the source becomes items (``read``,
+``take``), how a shard's gathered items become its datasets (``shard_tensors``), and the mode's part of the
+manifest and summary. Adding a mode is one function that builds an ``ExportJob``.
+
+:func:`run_export` streams the source in blocks and scatters every block's items to their shards
+(:mod:`rolloutcli.pipeline.scatter`); a source that fits in half of ``--max-memory`` is one block (read once
+for every epoch, each shard gathered straight into a reused buffer). Blocks are rectangles of steps x envs
+(:func:`plan_blocks`), so one env longer than the budget streams along T too.
 
 * :class:`Field`: a source dataset and the row it contributes to a shard (dtype, per-row shape).
 * :class:`Emitter`: lends the reused buffers shards are gathered into, shapes a shard's rows into its
-  datasets (a callback per mode) and hands them to the :class:`~rolloutcli.hdf5.shards.ShardWriter` under
-  their file names; lists the manifest's shard entries.
+  datasets and hands them to the :class:`~rolloutcli.hdf5.shards.ShardWriter`; lists the manifest's entries.
 * :class:`ShardExport`: one torch thread, the source's content hash computed beside the export, the temporary
   folder published atomically (:func:`~rolloutcli.hdf5.atomic.atomic_folder`), the writer, the manifest last.
 """
@@ -12,9 +22,11 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +35,23 @@ import torch
 import xxhash
 
 from rolloutcli.core.batching import BatchPlan
-from rolloutcli.errors import EXIT_IO, RolloutError
+from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.shards import Shapes, ShardWriter, is_shard_folder, write_manifest
-from rolloutcli.pipeline.progress import Progress
+from rolloutcli.hdf5.shards import (
+    FORMAT_VERSION,
+    MANIFEST_FORMAT,
+    ShardWriter,
+    chunk_extents,
+    is_shard_folder,
+    write_manifest,
+)
+from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.progress import NoProgress, Progress
+from rolloutcli.pipeline.scatter import ShardScatter
 
 Rows = dict[str, torch.Tensor]
+Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
 
 
 @dataclass(frozen=True)
@@ -120,12 +142,6 @@ class Emitter:
             self.writer.wait()
         return {name: buffer[:size] for name, buffer in self._buffers[self._count % self.buffer_sets].items()}
 
-    def prepare(self, layouts: Iterable[Shapes]) -> None:
-        """Build the writer's file layouts before any data is held (a layout's construction briefly takes
-        twice a shard's size)."""
-        for shapes in layouts:
-            self.writer.prepare(shapes)
-
     def emit(self, pass_index: int, shard: int, rows: Rows) -> None:
         """Shape and submit one shard (``rows {name: [size, *row_shape]}`` in slot order)."""
         self.writer.submit(self.file_name(pass_index, shard), self.shard_tensors(pass_index, shard, rows))
@@ -149,9 +165,8 @@ SOURCE_HASH = "xxh3_128"  # the manifest's name for the source's content hash
 def _hash_file(path: Path, result: dict[str, str], stop: threading.Event) -> None:
     """The source's content hash (XXH3, 128 bits), in a thread beside the export (xxhash releases the GIL).
 
-    Not sha256: the export is CPU-bound on two cores, and sha256 of the source (2 GB/s with SHA-NI) took
-    ~0.18 s of the ~0.5 s export of a 0.37 GB file; XXH3 hashes at ~33 GB/s here. The hash identifies the file
-    (``xxh128sum FILE`` prints the same digest); shard checksums stay sha256.
+    XXH3 rather than sha256: it identifies the file (``xxh128sum FILE`` prints the same digest) at a fraction
+    of sha256's cost, which the export would otherwise wait for; shard checksums stay sha256.
     """
     digest = xxhash.xxh3_128()
     try:
@@ -167,8 +182,8 @@ def _hash_file(path: Path, result: dict[str, str], stop: threading.Event) -> Non
 class ShardExport:
     """The life of one shard folder, as a context manager.
 
-    Entering sets torch to one thread (the gathers are a small part of the work; an idle OpenMP worker
-    spinning on the second core slowed the hashing and writing threads 2-3x), starts hashing ``src`` in a
+    Entering sets torch to one thread (the gathers are a small part of the work, and idle OpenMP workers
+    spinning would compete with the hashing and writing threads), starts hashing ``src`` in a
     thread, creates the temporary folder :attr:`tmp` beside ``dst`` and opens :attr:`writer` on it. Call
     :meth:`publish` with the manifest once every shard is submitted; leaving the block then renames the
     folder into place. Leaving it by an exception removes the temporary folder (no ``dst`` appears).
@@ -260,3 +275,172 @@ def gae_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
 def field_records(fields: Iterable[Field]) -> dict[str, dict[str, Any]]:
     """The manifest's ``fields``: each shard dataset's dtype and per-row shape."""
     return {f.name: {"dtype": str(f.dtype).removeprefix("torch."), "row_shape": list(f.row_shape)} for f in fields}
+
+
+@dataclass
+class ExportJob:
+    """One mode of the export (see the module docstring).
+
+    Attributes:
+        mode: the manifest's and the shards' ``mode``.
+        fields: the gathered fields (``rows[f.name]`` is ``[items, *f.row_shape]``).
+        plan: every epoch's shards; a pass's ``rows`` name items by source row ``t * N + n``.
+        read: ``read(reader, field, block)`` reads a block of a field as ``take`` expects it.
+        take: ``take(block, data, index, out)`` gathers items ``index`` (``t * n + j`` within the block) of
+            the block's data ``{name: read(...)}`` into ``out`` (``{name: [len(index), *row_shape]}``) or new
+            tensors.
+        shard_tensors: ``shard_tensors(pass_index, shard, rows)``: a shard's datasets from its items.
+        read_bytes: bytes read per source row ``(t, n)`` over every field (sizes the blocks).
+        env_major: prefer env blocks (a shard's items lie in few envs, so shards complete as blocks pass).
+        manifest: the mode's manifest entries (after ``source``, before ``fields``).
+        summary: the mode's summary entries.
+        label: the progress bar's label.
+    """
+
+    mode: str
+    fields: list[Field]
+    plan: BatchPlan
+    read: Callable[[RolloutReader, Field, Block], torch.Tensor]
+    take: Callable[[Block, Rows, torch.Tensor, Rows | None], Rows]
+    shard_tensors: Callable[[int, int, Rows], Mapping[str, torch.Tensor]]
+    read_bytes: int
+    env_major: bool = False
+    attrs: dict[str, Any] = field(default_factory=dict)
+    group_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    compression: str | None = None
+    manifest: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    label: str = "batch"
+
+
+def _size(nbytes: int) -> str:
+    """``nbytes`` rounded up to whole K, M or G (as ``--max-memory`` takes them)."""
+    for unit, shift in (("G", 30), ("M", 20)):
+        if nbytes > 1 << shift:
+            return f"{-(-nbytes >> shift)}{unit}"
+    return f"{-(-nbytes >> 10)}K"
+
+
+def plan_blocks(reader: RolloutReader, job: ExportJob, budget: int) -> list[Block]:
+    """The blocks to read: one when the source fits in half of ``budget``, else blocks of an eighth of it.
+
+    Step blocks over every env when no field is chunked by env (a time block of a ``[T, N, ...]`` dataset is
+    one contiguous region); env blocks for ``env_major`` modes and files chunked by env. An env longer than
+    a block is cut along T, in whole chunks where a chunk fits. A chunk larger than half the budget cannot be
+    read within it: refused before any data is read.
+
+    Raises:
+        RolloutError: (exit 2) the budget is below twice the largest chunk; the message names the budget needed.
+    """
+    T, N, row = reader.T, reader.N, max(job.read_bytes, 1)
+    extents = [chunk_extents(reader, f.source) for f in job.fields]
+    largest_chunk = max((e[2] for e in extents if e is not None), default=0)
+    if 2 * largest_chunk > budget:
+        raise RolloutError(
+            f"--max-memory: {job.label} reads whole chunks of {reader.path} (up to {largest_chunk} bytes each); "
+            f"expected a budget of at least {_size(2 * largest_chunk)}, found {budget} bytes. Raise --max-memory.",
+            exit_code=EXIT_USAGE,
+        )
+    if T * N * row <= budget // 2:
+        return [(0, T, 0, N)]
+    target = max(budget // 8, 1)
+    if not job.env_major and all(e is None or e[1] >= N for e in extents):
+        steps = max(1, target // (N * row))
+        return [(t, min(T, t + steps), 0, N) for t in range(0, T, steps)]
+    envs = max(1, target // (T * row))
+    if envs > 1 or T * row <= target:
+        return [(0, T, n, min(N, n + envs)) for n in range(0, N, envs)]
+    steps = max(1, target // row)
+    along = max((e[0] for e in extents if e is not None), default=1)
+    steps = steps - steps % along if steps >= along else steps
+    return [(t, min(T, t + steps), n, n + 1) for n in range(N) for t in range(0, T, steps)]
+
+
+def _export_passes(
+    reader: RolloutReader, job: ExportJob, emitter: Emitter, folder: Path, blocks: list[Block], budget: int
+) -> None:
+    """Per pass, read each block (a single block once for every pass) and scatter its items to their shards."""
+    T, N = reader.T, reader.N
+    whole = blocks == [(0, T, 0, N)]
+    cached: Rows | None = None
+    for pass_index, plan in enumerate(job.plan.passes):
+        positions = None if whole else plan.positions(T * N).view(T, N)
+        complete = partial(emitter.emit, pass_index)
+        scatter = ShardScatter(folder, job.fields, plan.sizes, budget // 4, buffers=emitter.buffers, complete=complete)
+        with scatter as out:
+            for block in blocks:
+                data = cached or {f.name: job.read(reader, f, block) for f in job.fields}
+                take = partial(job.take, block, data)
+                if whole:
+                    cached = data
+                    out.add(None, take, order=plan.rows)
+                else:
+                    t0, t1, n0, n1 = block
+                    assert positions is not None
+                    out.add(positions[t0:t1, n0:n1].reshape(-1), take)
+                del data, take
+                emitter.progress.advance()
+        out.finish()
+
+
+def run_export(
+    src: Path,
+    dst: Path,
+    prepare: Callable[[RolloutReader], ExportJob],
+    run: RunOptions,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Write the shard folder ``dst`` from the rollout file ``src``; return a summary dict.
+
+    ``prepare(reader)`` checks the source against the mode's options and builds its :class:`ExportJob`.
+    """
+    progress = progress or NoProgress()
+    started = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
+        job = prepare(reader)
+        blocks = plan_blocks(reader, job, run.max_memory)
+        streamed = reader.T * reader.N * job.read_bytes > run.max_memory // 2
+        passes = job.plan.passes
+        try:
+            with ShardExport(
+                src, dst, job.attrs, job.group_attrs, compression=job.compression, overwrite=overwrite
+            ) as out:
+                emitter = Emitter(
+                    job.plan, out.writer, job.fields, progress, job.shard_tensors, buffer_sets=1 if streamed else 2
+                )
+                progress.start(job.label, sum(len(p.sizes) for p in passes) + len(passes) * len(blocks))
+                _export_passes(reader, job, emitter, out.tmp, blocks, run.max_memory)
+                content_hash = out.source_hash()  # waits for every shard: their hashes are known after it
+                entries = emitter.entries()
+                manifest = {
+                    "format": MANIFEST_FORMAT,
+                    "format_version": FORMAT_VERSION,
+                    "mode": job.mode,
+                    "source": source_record(reader, content_hash),
+                    **job.manifest,
+                    "fields": field_records(job.fields),
+                    "shards": entries,
+                }
+                out.publish(manifest)
+        finally:
+            progress.finish()
+        T, N = reader.T, reader.N
+    seconds = time.perf_counter() - started
+    return {
+        "input": str(src),
+        "output": str(dst),
+        "mode": job.mode,
+        "T": T,
+        "N": N,
+        **job.summary,
+        "files": len(out.writer.results),
+        "entries": len(entries),
+        "bytes_written": out.bytes_written,
+        "streamed": streamed,
+        "blocks": len(blocks),
+        "seconds": seconds,
+        "gb_per_s": out.bytes_written / seconds / 1e9 if seconds > 0 else None,
+    }
