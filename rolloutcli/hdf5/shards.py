@@ -7,7 +7,7 @@ limit) h5py keeps an id open and the interpreter crashes at exit; bytes written 
 ``OSError``. Every dataset is contiguous (chunked when compressed), without timestamps, so a shard's bytes
 depend only on its data.
 
-Writing and hashing run in two background threads (both release the GIL), overlapping the next shard's
+Building and writing a shard, and hashing it, run in two background threads, overlapping the next shard's
 gather; :class:`ShardWriter` hands out results in order.
 """
 
@@ -164,10 +164,10 @@ def _sha256(data: bytes) -> str:
 
 
 class ShardWriter:
-    """Write shards into ``folder`` in the background: writing and hashing in two threads.
+    """Write shards into ``folder`` in the background: one thread builds and writes each shard, another hashes it.
 
-    ``submit`` builds the shard's file image (the data is copied into it, so the tensors may be reused at
-    once) and returns once the *previous* shard's bytes are written and hashed. ``results`` maps file name to
+    ``submit`` returns once the *previous* shard is built, written and hashed, so a caller that alternates two
+    sets of buffers can refill one while the other is written. ``results`` maps file name to
     ``(bytes, sha256)``. Use as a context manager: leaving it waits for every thread (also on errors, so
     nothing writes into a folder that is being removed).
     """
@@ -187,8 +187,9 @@ class ShardWriter:
         self.group_attrs = {k: dict(v) for k, v in (group_attrs or {}).items()}
         self.compression = compression
         self.results: dict[str, tuple[int, str]] = {}
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rolloutcli-shard")
-        self._pending: tuple[str, Future[int], Future[str]] | None = None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-shard")
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-sha256")
+        self._pending: tuple[str, Future[tuple[int, str]]] | None = None
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -198,34 +199,37 @@ class ShardWriter:
             if exc[0] is None:
                 self.wait_all()
         finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._writer.shutdown(wait=True, cancel_futures=True)
+            self._hasher.shutdown(wait=True, cancel_futures=True)
 
-    def submit(self, name: str, tensors: Mapping[str, torch.Tensor | np.ndarray]) -> None:
-        """Queue ``tensors`` (CPU) as the shard file ``folder/name``."""
+    def _write(self, name: str, tensors: Mapping[str, torch.Tensor | np.ndarray]) -> tuple[int, str]:
         try:
             image = shard_bytes(tensors, self.attrs, self.group_attrs, compression=self.compression)
         except HDF5_ERRORS as exc:
             raise translate_hdf5_error(self.label / name, exc) from exc
-        self.wait()
-        written = self._pool.submit(_write_bytes, self.folder / name, image)
-        self._pending = (name, written, self._pool.submit(_sha256, image))
+        digest = self._hasher.submit(_sha256, image)
+        try:
+            size = _write_bytes(self.folder / name, image)
+        except OSError as exc:
+            fix = _WRITE_FIXES.get(exc.errno or 0, "Choose another output folder")
+            message = f"{self.label / name}: cannot write the shard: {exc.strerror or exc}. {fix}."
+            raise RolloutError(message, exit_code=EXIT_IO) from exc
+        finally:
+            sha256 = digest.result()
+        return size, sha256
 
-    def _failed(self, name: str, exc: OSError) -> RolloutError:
-        fix = _WRITE_FIXES.get(exc.errno or 0, "Choose another output folder")
-        message = f"{self.label / name}: cannot write the shard: {exc.strerror or exc}. {fix}."
-        return RolloutError(message, exit_code=EXIT_IO)
+    def submit(self, name: str, tensors: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+        """Queue ``tensors`` (CPU; left unchanged until the next ``submit`` or ``wait`` returns) as the shard
+        file ``folder/name``."""
+        self.wait()
+        self._pending = (name, self._writer.submit(self._write, name, tensors))
 
     def wait(self) -> None:
         """Block until the shard in flight is written and hashed; raise ``RolloutError`` (exit 3) if it failed."""
-        if self._pending is None:
-            return
-        name, written, digest = self._pending
-        self._pending = None
-        try:
-            size = written.result()
-        except OSError as exc:
-            raise self._failed(name, exc) from exc
-        self.results[name] = (size, digest.result())
+        if self._pending is not None:
+            name, future = self._pending
+            self._pending = None
+            self.results[name] = future.result()
 
     def wait_all(self) -> None:
         """Block until every shard is written and hashed (durability comes from the folder's publish, which
