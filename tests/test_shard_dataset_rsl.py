@@ -56,7 +56,7 @@ def test_ppo_update_from_shards_equals_update_on_rsl_rl_storage(tmp_path: Path) 
         if source == "shards":
             batches = list(ShardDataset(tmp_path / "ff"))
             assert isinstance(batches[0].observations, TensorDict)
-            ppo.storage.mini_batch_generator = lambda *args, **kwargs: iter(batches)  # type: ignore[method-assign]
+            ppo.storage.mini_batch_generator = lambda *args, b=batches, **kwargs: iter(b)  # type: ignore[method-assign]
         torch.manual_seed(7)  # RSL-RL draws its order from the global RNG; the shards from seed 7
         results.append(ppo.update())
         params.append(_parameters(ppo.actor, ppo.critic))
@@ -81,7 +81,7 @@ def test_distillation_update_from_shards_equals_update_on_rsl_rl_storage(tmp_pat
         if source == "shards":
             batches = list(ShardDataset(tmp_path / "d"))
             assert len(batches) == T and isinstance(batches[0].observations, TensorDict)
-            algo.storage.generator = lambda: iter(batches)  # type: ignore[method-assign]
+            algo.storage.generator = lambda b=batches: iter(b)  # type: ignore[method-assign]
         algo.update()
         params.append(_parameters(algo.student))
     for ours, theirs in zip(params[1], params[0], strict=True):
@@ -98,7 +98,7 @@ def test_distillation_steps_keep_their_order_through_dataloader_workers(tmp_path
     single = list(dataset)
     loaded = list(DataLoader(dataset, batch_size=None, num_workers=workers))
     assert len(loaded) == len(single) == len(dataset) == 2 * T
-    steps = [int(round(float(b.observations["policy"][0, 0]) * 1000)) // 1000 for b in loaded]
+    steps = [round(float(b.observations["policy"][0, 0]) * 1000) // 1000 for b in loaded]
     assert steps == list(range(T)) * 2  # not 0, 4, 1, 5, ... (issue 12.6)
     assert_batches(loaded, single)
 
