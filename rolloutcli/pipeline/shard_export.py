@@ -344,15 +344,19 @@ def plan_blocks(reader: RolloutReader, job: ExportJob, budget: int) -> list[Bloc
     if T * N * row <= budget // 2:
         return [(0, T, 0, N)]
     target = max(budget // 8, 1)
+    along = max((e[0] for e in extents if e is not None), default=1)
+
+    def steps_of(envs: int) -> int:  # steps of ``envs`` envs that fit a block, whole chunks where one fits
+        steps = max(1, target // (envs * row))
+        return steps - steps % along if steps >= along else steps
+
     if not job.env_major and all(e is None or e[1] >= N for e in extents):
-        steps = max(1, target // (N * row))
+        steps = steps_of(N)
         return [(t, min(T, t + steps), 0, N) for t in range(0, T, steps)]
     envs = max(1, target // (T * row))
     if envs > 1 or T * row <= target:
         return [(0, T, n, min(N, n + envs)) for n in range(0, N, envs)]
-    steps = max(1, target // row)
-    along = max((e[0] for e in extents if e is not None), default=1)
-    steps = steps - steps % along if steps >= along else steps
+    steps = steps_of(1)
     return [(t, min(T, t + steps), n, n + 1) for n in range(N) for t in range(0, T, steps)]
 
 
