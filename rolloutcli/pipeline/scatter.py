@@ -11,19 +11,22 @@ output's temporary folder) once the pending pieces exceed the budget. A shard is
 at its slots) and handed to ``complete`` as soon as its last item arrived.
 
 The result does not depend on the budget or on the blocks: every shard holds exactly its items, in slot order.
+:class:`Emitter` lends the buffers shards are assembled in and hands complete shards to the writer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
-from rolloutcli.core.batching import scatter_rows
+from rolloutcli.core.batching import BatchPlan, scatter_rows
 from rolloutcli.errors import EXIT_IO, RolloutError
+from rolloutcli.hdf5.shards import ShardWriter
+from rolloutcli.pipeline.progress import Progress
 
 Rows = dict[str, torch.Tensor]
 Take = Callable[[torch.Tensor, "Rows | None"], Rows]  # (item indices in the block, buffers or None) -> rows
@@ -206,3 +209,70 @@ class ShardScatter:
         """Check that every planned item arrived exactly once (an internal error otherwise)."""
         if self.received != self.sizes:
             raise AssertionError(f"scatter: shards received {self.received} rows, planned {self.sizes}")
+
+
+class Emitter:
+    """Hands shards to the writer under their file names (named after the first epoch that uses them), and
+    lends the reused buffer sets that shards are gathered into.
+
+    Args:
+        plan: every epoch's mini-batches.
+        writer: where shards go.
+        fields: the gathered fields (buffers are ``[rows, *row_shape]`` per field).
+        progress: advanced once per shard.
+        shard_tensors: ``shard_tensors(pass_index, shard, rows)`` shapes one shard's gathered rows
+            ``{name: [rows, *row_shape]}`` into the datasets of its file.
+        buffer_sets: 2 (the writer writes one set while the next shard is gathered into the other) or 1
+            (streamed exports: the shard in flight is waited for first, to keep memory down).
+    """
+
+    def __init__(
+        self,
+        plan: BatchPlan,
+        writer: ShardWriter,
+        fields: Sequence[RowField],
+        progress: Progress,
+        shard_tensors: Callable[[int, int, Rows], Mapping[str, torch.Tensor]],
+        *,
+        buffer_sets: int = 2,
+    ) -> None:
+        self.plan, self.writer, self.fields, self.progress = plan, writer, fields, progress
+        self.shard_tensors = shard_tensors
+        self.largest = max(max(p.sizes) for p in plan.passes)
+        self.buffer_sets = buffer_sets
+        self._buffers: list[Rows] = []
+        self._count = 0
+
+    def file_name(self, pass_index: int, shard: int) -> str:
+        """``e<epoch>-b<mini-batch>.h5`` of the first epoch that uses the pass."""
+        return f"e{self.plan.epoch_pass.index(pass_index):04d}-b{shard:05d}.h5"
+
+    def buffers(self, size: int) -> Rows:
+        """``[size, *row_shape]`` views of the buffer set the next shard may use.
+
+        Reused memory is warm; a fresh allocation per shard costs page faults that take longer than the copy.
+        """
+        if not self._buffers:
+            self._buffers = [
+                {f.name: torch.empty(self.largest, *f.row_shape, dtype=f.dtype) for f in self.fields}
+                for _ in range(self.buffer_sets)
+            ]
+        if self.buffer_sets == 1:
+            self.writer.wait()
+        return {name: buffer[:size] for name, buffer in self._buffers[self._count % self.buffer_sets].items()}
+
+    def emit(self, pass_index: int, shard: int, rows: Rows) -> None:
+        """Shape and submit one shard (``rows {name: [size, *row_shape]}`` in slot order)."""
+        self.writer.submit(self.file_name(pass_index, shard), self.shard_tensors(pass_index, shard, rows))
+        self._count += 1
+        self.progress.advance()
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The manifest's shard list, in epoch then mini-batch order: ``{file, epoch, mini_batch, rows, sha256}``."""
+        out = []
+        for epoch, pass_index in enumerate(self.plan.epoch_pass):
+            for shard, size in enumerate(self.plan.passes[pass_index].sizes):
+                name = self.file_name(pass_index, shard)
+                entry = {"file": name, "epoch": epoch, "mini_batch": shard, "rows": size}
+                out.append({**entry, "sha256": self.writer.results[name][1]})
+        return out

@@ -12,8 +12,8 @@ for every epoch, each shard gathered straight into a reused buffer). Blocks are 
 (:func:`plan_blocks`), so one env longer than the budget streams along T too.
 
 * :class:`Field`: a source dataset and the row it contributes to a shard (dtype, per-row shape).
-* :class:`Emitter`: lends the reused buffers shards are gathered into, shapes a shard's rows into its
-  datasets and hands them to the :class:`~rolloutcli.hdf5.shards.ShardWriter`; lists the manifest's entries.
+* :class:`~rolloutcli.pipeline.scatter.Emitter`: lends the reused buffers shards are gathered into, hands
+  shards to the :class:`~rolloutcli.hdf5.shards.ShardWriter`; lists the manifest's entries.
 * :class:`ShardExport`: one torch thread, the source's content hash computed beside the export, the temporary
   folder published atomically (:func:`~rolloutcli.hdf5.atomic.atomic_folder`), the writer, the manifest last.
 """
@@ -30,7 +30,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import xxhash
 
@@ -48,7 +47,7 @@ from rolloutcli.hdf5.shards import (
 )
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import NoProgress, Progress
-from rolloutcli.pipeline.scatter import ShardScatter
+from rolloutcli.pipeline.scatter import Emitter, ShardScatter
 
 Rows = dict[str, torch.Tensor]
 Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
@@ -74,11 +73,6 @@ class Field:
     row_shape: tuple[int, ...]
 
     @property
-    def numpy_dtype(self) -> np.dtype:
-        """The numpy dtype of ``dtype`` (the shards are written from numpy views)."""
-        return torch.empty(0, dtype=self.dtype).numpy().dtype
-
-    @property
     def hidden(self) -> bool:
         """``[T, layers, N, H]`` in the source; rows ``[layers, H]``."""
         return self.role == "hidden"
@@ -90,73 +84,6 @@ class Field:
         for size in self.row_shape:
             count *= size
         return count
-
-
-class Emitter:
-    """Hands shards to the writer under their file names (named after the first epoch that uses them), and
-    lends the reused buffer sets that shards are gathered into.
-
-    Args:
-        plan: every epoch's mini-batches.
-        writer: where shards go.
-        fields: the gathered fields (buffers are ``[rows, *row_shape]`` per field).
-        progress: advanced once per shard.
-        shard_tensors: ``shard_tensors(pass_index, shard, rows)`` shapes one shard's gathered rows
-            ``{name: [rows, *row_shape]}`` into the datasets of its file.
-        buffer_sets: 2 (the writer writes one set while the next shard is gathered into the other) or 1
-            (streamed exports: the shard in flight is waited for first, to keep memory down).
-    """
-
-    def __init__(
-        self,
-        plan: BatchPlan,
-        writer: ShardWriter,
-        fields: list[Field],
-        progress: Progress,
-        shard_tensors: Callable[[int, int, Rows], Mapping[str, torch.Tensor]],
-        *,
-        buffer_sets: int = 2,
-    ) -> None:
-        self.plan, self.writer, self.fields, self.progress = plan, writer, fields, progress
-        self.shard_tensors = shard_tensors
-        self.largest = max(max(p.sizes) for p in plan.passes)
-        self.buffer_sets = buffer_sets
-        self._buffers: list[Rows] = []
-        self._count = 0
-
-    def file_name(self, pass_index: int, shard: int) -> str:
-        """``e<epoch>-b<mini-batch>.h5`` of the first epoch that uses the pass."""
-        return f"e{self.plan.epoch_pass.index(pass_index):04d}-b{shard:05d}.h5"
-
-    def buffers(self, size: int) -> Rows:
-        """``[size, *row_shape]`` views of the buffer set the next shard may use.
-
-        Reused memory is warm; a fresh allocation per shard costs page faults that take longer than the copy.
-        """
-        if not self._buffers:
-            self._buffers = [
-                {f.name: torch.empty(self.largest, *f.row_shape, dtype=f.dtype) for f in self.fields}
-                for _ in range(self.buffer_sets)
-            ]
-        if self.buffer_sets == 1:
-            self.writer.wait()
-        return {name: buffer[:size] for name, buffer in self._buffers[self._count % self.buffer_sets].items()}
-
-    def emit(self, pass_index: int, shard: int, rows: Rows) -> None:
-        """Shape and submit one shard (``rows {name: [size, *row_shape]}`` in slot order)."""
-        self.writer.submit(self.file_name(pass_index, shard), self.shard_tensors(pass_index, shard, rows))
-        self._count += 1
-        self.progress.advance()
-
-    def entries(self) -> list[dict[str, Any]]:
-        """The manifest's shard list, in epoch then mini-batch order: ``{file, epoch, mini_batch, rows, sha256}``."""
-        out = []
-        for epoch, pass_index in enumerate(self.plan.epoch_pass):
-            for shard, size in enumerate(self.plan.passes[pass_index].sizes):
-                name = self.file_name(pass_index, shard)
-                entry = {"file": name, "epoch": epoch, "mini_batch": shard, "rows": size}
-                out.append({**entry, "sha256": self.writer.results[name][1]})
-        return out
 
 
 SOURCE_HASH = "xxh3_128"  # the manifest's name for the source's content hash
@@ -419,26 +346,20 @@ def run_export(
                 _export_passes(reader, job, emitter, out.tmp, blocks, run.max_memory)
                 content_hash = out.source_hash()  # waits for every shard: their hashes are known after it
                 entries = emitter.entries()
-                manifest = {
-                    "format": MANIFEST_FORMAT,
-                    "format_version": FORMAT_VERSION,
-                    "mode": job.mode,
-                    "source": source_record(reader, content_hash),
-                    **job.manifest,
-                    "fields": field_records(job.fields),
-                    "shards": entries,
-                }
+                head = {"format": MANIFEST_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode}
+                source = source_record(reader, content_hash)
+                fields = field_records(job.fields)
+                manifest = {**head, "source": source, **job.manifest, "fields": fields, "shards": entries}
                 out.publish(manifest)
         finally:
             progress.finish()
-        T, N = reader.T, reader.N
     seconds = time.perf_counter() - started
     return {
         "input": str(src),
         "output": str(dst),
         "mode": job.mode,
-        "T": T,
-        "N": N,
+        "T": source["T"],
+        "N": source["N"],
         **job.summary,
         "files": len(out.writer.results),
         "entries": len(entries),
