@@ -46,7 +46,6 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from rolloutcli.errors import RolloutError
-from rolloutcli.hdf5.safety import SafetyOptions
 from rolloutcli.hdf5.shards import read_manifest, read_shard, verify_shard
 from rolloutcli.storage import RolloutStorage
 
@@ -153,7 +152,7 @@ class ShardDataset(IterableDataset):
         path = self.folder / entry["file"]
         if self.verify_checksums:
             verify_shard(self.folder, entry)
-        arrays, attrs = read_shard(path, SafetyOptions())
+        arrays, attrs = read_shard(path)  # audited like any input, with the default limits
         mode = _text(attrs[""].get("mode", ""))
         if mode != self.mode:
             raise RolloutError.field(path, "mode", repr(self.mode), repr(mode), "The shard is not from this run.")

@@ -18,15 +18,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from rolloutcli.core.batching import ShardPlan, gather_fields, plan_batches
+from rolloutcli.core.batching import ShardPlan, gather_rows, plan_batches
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
-from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_line
+from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.shards import COMPRESSIONS, FORMAT_VERSION, SHARD_FORMAT, read_region
+from rolloutcli.hdf5.shards import read_region
 from rolloutcli.hdf5.storage_io import distribution_order
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
-from rolloutcli.pipeline.shard_export import Block, ExportJob, Field, Rows, gae_attrs, run_export
+from rolloutcli.pipeline.shard_export import (
+    Block,
+    ExportJob,
+    Field,
+    Rows,
+    check_export_options,
+    gae_attrs,
+    run_export,
+    usage,
+)
 
 ORDER_TEXT = {
     ("feedforward", False): "epoch e: the e-th torch.randperm(T*N) drawn from torch.Generator().manual_seed(seed); "
@@ -65,25 +74,16 @@ class BatchOptions:
     compression: str | None = None
 
 
-def _usage(message: str) -> RolloutError:
-    return RolloutError(message, exit_code=EXIT_USAGE)
-
-
 def _check_options(options: BatchOptions) -> None:
     if options.mode not in ("feedforward", "recurrent", "distillation"):
-        raise _usage(f"batch: expected mode feedforward, recurrent or distillation, found '{options.mode}'.")
-    if options.num_mini_batches < 1:
-        raise _usage(f"--num-mini-batches: expected an integer >= 1, found {options.num_mini_batches}.")
-    if options.epochs < 1:
-        raise _usage(f"--epochs: expected an integer >= 1, found {options.epochs}.")
+        raise usage(f"batch: expected mode feedforward, recurrent or distillation, found '{options.mode}'.")
+    check_export_options(options.num_mini_batches, options.epochs, options.compression)
     if options.shuffle_envs and options.mode != "recurrent":
-        raise _usage("--shuffle-envs: expected --recurrent (it reshuffles env groups), found another mode.")
+        raise usage("--shuffle-envs: expected --recurrent (it reshuffles env groups), found another mode.")
     if options.shuffle_envs and options.rsl_parity:
-        raise _usage("--shuffle-envs: RSL-RL uses fixed env groups; drop --rsl-parity or --shuffle-envs.")
+        raise usage("--shuffle-envs: RSL-RL uses fixed env groups; drop --rsl-parity or --shuffle-envs.")
     if options.rsl_parity and options.mode == "distillation":
-        raise _usage("--rsl-parity: distillation shards are always in RSL-RL's generator() order; drop it.")
-    if options.compression not in (None, *COMPRESSIONS):
-        raise _usage(f"--compression: expected lzf or gzip, found '{options.compression}'.")
+        raise usage("--rsl-parity: distillation shards are always in RSL-RL's generator() order; drop it.")
 
 
 def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
@@ -112,7 +112,7 @@ def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
         options.mode, (reader.T, "steps (T)")
     )
     if options.num_mini_batches > limit[0]:
-        raise _usage(
+        raise usage(
             f"--num-mini-batches: expected at most {limit[0]} (the file's {limit[1]}), "
             f"found {options.num_mini_batches}."
         )
@@ -149,9 +149,7 @@ def read_rows(reader: RolloutReader, field: Field, block: Block) -> torch.Tensor
 
 def take_rows(block: Block, data: Rows, index: torch.Tensor, out: Rows | None) -> Rows:
     """Rows ``index`` of a block's rows, into ``out`` when given."""
-    if out is None:
-        out = {name: value.new_empty((index.numel(), *value.shape[1:])) for name, value in data.items()}
-    return gather_fields(data, index, out)
+    return {name: gather_rows(value, index, out=None if out is None else out[name]) for name, value in data.items()}
 
 
 def _shard_tensors(
@@ -220,7 +218,6 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
         shard_tensors=lambda p, shard, rows: _shard_tensors(options.mode, plan.passes[p], shard, rows, fields, T, N),
         read_bytes=sum(f.row_bytes for f in fields),
         env_major=options.mode == "recurrent",
-        attrs={"rolloutcli_format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "mode": options.mode},
         group_attrs={"distribution": {"order": distribution}} if exported else {},
         compression=options.compression,
         manifest={

@@ -26,12 +26,11 @@ import numpy as np
 import torch
 
 from rolloutcli.core.history import gather_windows, history_plan, window_ends, window_mask
-from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.shards import COMPRESSIONS, FORMAT_VERSION, SHARD_FORMAT, read_region
+from rolloutcli.hdf5.shards import read_region
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
-from rolloutcli.pipeline.shard_export import Block, ExportJob, Field, Rows, run_export
+from rolloutcli.pipeline.shard_export import Block, ExportJob, Field, Rows, check_export_options, run_export, usage
 
 ORDER_TEXT = (
     "epoch e: the e-th torch.randperm(W) drawn from torch.Generator().manual_seed(seed), applied to the W "
@@ -71,21 +70,12 @@ class HistoryOptions:
     compression: str | None = None
 
 
-def _usage(message: str) -> RolloutError:
-    return RolloutError(message, exit_code=EXIT_USAGE)
-
-
 def _check_options(options: HistoryOptions) -> None:
     if options.history < 1:
-        raise _usage(f"--history: expected an integer >= 1 (steps per window), found {options.history}.")
-    if options.num_mini_batches < 1:
-        raise _usage(f"--num-mini-batches: expected an integer >= 1, found {options.num_mini_batches}.")
-    if options.epochs < 1:
-        raise _usage(f"--epochs: expected an integer >= 1, found {options.epochs}.")
+        raise usage(f"--history: expected an integer >= 1 (steps per window), found {options.history}.")
+    check_export_options(options.num_mini_batches, options.epochs, options.compression)
     if options.groups is not None and not options.groups:
-        raise _usage("--observations: expected one or more observation groups (policy,critic), found none.")
-    if options.compression not in (None, *COMPRESSIONS):
-        raise _usage(f"--compression: expected lzf or gzip, found '{options.compression}'.")
+        raise usage("--observations: expected one or more observation groups (policy,critic), found none.")
 
 
 def _groups(reader: RolloutReader, options: HistoryOptions) -> list[str]:
@@ -95,7 +85,7 @@ def _groups(reader: RolloutReader, options: HistoryOptions) -> list[str]:
         return known
     unknown = [g for g in options.groups if g not in reader.schema.observation_keys]
     if unknown:
-        raise _usage(
+        raise usage(
             f"--observations: expected groups of {reader.path} ({', '.join(known)}), found "
             f"{', '.join(repr(g) for g in unknown)}."
         )
@@ -180,23 +170,22 @@ def _job(reader: RolloutReader, options: HistoryOptions, budget: int) -> ExportJ
     """``batch --history``'s export job: the eligible windows, shuffled per epoch."""
     T, N, K = reader.T, reader.N, options.history
     if K > T:
-        raise _usage(f"--history: expected at most {T} (the file's steps T), found {K}.")
+        raise usage(f"--history: expected at most {T} (the file's steps T), found {K}.")
     groups = _groups(reader, options)
     fields = _fields(reader, groups, K)
     ends = window_ends(_eligible(reader, options, budget))
     windows = ends.numel()
     if windows == 0:
-        raise _usage(
+        raise usage(
             f"--history: no window of {K} steps lies inside one episode of {reader.path} (every recorded episode "
             "is shorter). Use a smaller --history, or --across-episodes."
         )
     if options.num_mini_batches > windows:
-        raise _usage(
+        raise usage(
             f"--num-mini-batches: expected at most {windows} (the eligible windows), found {options.num_mini_batches}."
         )
     generator = torch.Generator().manual_seed(options.seed)
     plan = history_plan(ends, options.num_mini_batches, options.epochs, generator=generator)
-    attrs = {"rolloutcli_format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "mode": "history"}
     counts = {"windows_per_epoch": windows, "rows_per_epoch": windows, "dropped_rows": 0, "dropped_envs": []}
     return ExportJob(
         mode="history",
@@ -207,7 +196,7 @@ def _job(reader: RolloutReader, options: HistoryOptions, budget: int) -> ExportJ
         shard_tensors=lambda p, shard, rows: _shard_tensors(plan, p, shard, rows, N),
         read_bytes=sum(f.row_bytes // K for f in fields),
         env_major=True,
-        attrs={**attrs, "history": K, "across_episodes": options.across_episodes},
+        attrs={"history": K, "across_episodes": options.across_episodes},
         compression=options.compression,
         manifest=_manifest(options, groups, windows),
         summary={

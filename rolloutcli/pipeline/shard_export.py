@@ -38,8 +38,10 @@ from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import (
+    COMPRESSIONS,
     FORMAT_VERSION,
     MANIFEST_FORMAT,
+    SHARD_FORMAT,
     ShardWriter,
     chunk_extents,
     is_shard_folder,
@@ -219,6 +221,7 @@ class ExportJob:
         shard_tensors: ``shard_tensors(pass_index, shard, rows)``: a shard's datasets from its items.
         read_bytes: bytes read per source row ``(t, n)`` over every field (sizes the blocks).
         env_major: prefer env blocks (a shard's items lie in few envs, so shards complete as blocks pass).
+        attrs: the mode's root attributes of every shard (after ``rolloutcli_format``, ``format_version``, ``mode``).
         manifest: the mode's manifest entries (after ``source``, before ``fields``).
         summary: the mode's summary entries.
         label: the progress bar's label.
@@ -238,6 +241,21 @@ class ExportJob:
     manifest: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     label: str = "batch"
+
+
+def usage(message: str) -> RolloutError:
+    """A usage error (exit 2)."""
+    return RolloutError(message, exit_code=EXIT_USAGE)
+
+
+def check_export_options(num_mini_batches: int, epochs: int, compression: str | None) -> None:
+    """The options every export mode shares (usage errors, before the source is opened)."""
+    if num_mini_batches < 1:
+        raise usage(f"--num-mini-batches: expected an integer >= 1, found {num_mini_batches}.")
+    if epochs < 1:
+        raise usage(f"--epochs: expected an integer >= 1, found {epochs}.")
+    if compression not in (None, *COMPRESSIONS):
+        raise usage(f"--compression: expected lzf or gzip, found '{compression}'.")
 
 
 def _size(nbytes: int) -> str:
@@ -263,10 +281,9 @@ def plan_blocks(reader: RolloutReader, job: ExportJob, budget: int) -> list[Bloc
     extents = [chunk_extents(reader, f.source) for f in job.fields]
     largest_chunk = max((e[2] for e in extents if e is not None), default=0)
     if 2 * largest_chunk > budget:
-        raise RolloutError(
+        raise usage(
             f"--max-memory: {job.label} reads whole chunks of {reader.path} (up to {largest_chunk} bytes each); "
-            f"expected a budget of at least {_size(2 * largest_chunk)}, found {budget} bytes. Raise --max-memory.",
-            exit_code=EXIT_USAGE,
+            f"expected a budget of at least {_size(2 * largest_chunk)}, found {budget} bytes. Raise --max-memory."
         )
     if T * N * row <= budget // 2:
         return [(0, T, 0, N)]
@@ -336,9 +353,8 @@ def run_export(
         streamed = reader.T * reader.N * job.read_bytes > run.max_memory // 2
         passes = job.plan.passes
         try:
-            with ShardExport(
-                src, dst, job.attrs, job.group_attrs, compression=job.compression, overwrite=overwrite
-            ) as out:
+            attrs = {"rolloutcli_format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode, **job.attrs}
+            with ShardExport(src, dst, attrs, job.group_attrs, compression=job.compression, overwrite=overwrite) as out:
                 emitter = Emitter(
                     job.plan, out.writer, job.fields, progress, job.shard_tensors, buffer_sets=1 if streamed else 2
                 )
