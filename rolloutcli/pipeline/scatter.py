@@ -17,7 +17,6 @@ The result does not depend on the budget or on the blocks: every shard holds exa
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,8 +61,6 @@ class Spill:
 
     def __init__(self, folder: Path, fields: Sequence[RowField], budget: int) -> None:
         self.folder, self.fields, self.budget = folder, list(fields), budget
-        # Deleting a large file takes the file system a while: do it beside the work.
-        self.cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-spill")
         self.pending: dict[int, list[tuple[torch.Tensor, Rows]]] = {}
         self.chunks: dict[int, list[int]] = {}
         self.pending_bytes = 0
@@ -113,12 +110,8 @@ class Spill:
                     rows[f.name] = part.view(f.dtype).view(count, *f.row_shape)
                     offset += width
                 pieces.append((data[: 8 * count].view(torch.int64), rows))
-        self.cleaner.submit(self.path(shard).unlink)
+        self.path(shard).unlink()
         return pieces
-
-    def close(self) -> None:
-        """Wait for the spill files to be deleted."""
-        self.cleaner.shutdown(wait=True)
 
     def assemble(self, shard: int, out: Rows) -> Rows:
         """The shard's rows in slot order, in ``out`` (``[size, ...]`` per field); its spill file is read and
@@ -146,8 +139,7 @@ class ShardScatter:
         complete: ``complete(shard, rows)`` receives each shard once all its items arrived (``rows`` is a
             lent buffer: use it before asking for the next one).
 
-    Use as a context manager (the spill files' deletion is awaited on exit); :meth:`finish` checks that
-    every planned item arrived exactly once.
+    :meth:`finish` checks that every planned item arrived exactly once.
     """
 
     def __init__(
@@ -169,12 +161,6 @@ class ShardScatter:
         self.spill = Spill(folder, fields, max(budget, 1))
         self.chunk = max(1, budget // 2 // max(self.spill.row_bytes, 1))
         self.buffers, self.complete = buffers, complete
-
-    def __enter__(self) -> ShardScatter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.spill.close()
 
     def add(self, positions: torch.Tensor | None, take: Take, *, order: torch.Tensor | None = None) -> None:
         """Route a block's items to their shards: item ``i`` of the block goes to ``positions[i]`` (``-1``:

@@ -14,7 +14,7 @@ for every epoch, each shard gathered straight into a reused buffer). Blocks are 
 * :class:`Field`: a source dataset and the row it contributes to a shard (dtype, per-row shape).
 * :class:`~rolloutcli.pipeline.scatter.Emitter`: lends the reused buffers shards are gathered into, hands
   shards to the :class:`~rolloutcli.hdf5.shards.ShardWriter`; lists the manifest's entries.
-* :class:`ShardExport`: one torch thread, the source's content hash computed beside the export, the temporary
+* :func:`shard_folder`: one torch thread, the source's content hash computed beside the export, the temporary
   folder published atomically (:func:`~rolloutcli.hdf5.atomic.atomic_folder`), the writer, the manifest last.
 """
 
@@ -23,8 +23,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -91,7 +92,7 @@ class Field:
 SOURCE_HASH = "xxh3_128"  # the manifest's name for the source's content hash
 
 
-def _hash_file(path: Path, result: dict[str, str], stop: threading.Event) -> None:
+def _hash_file(path: Path, stop: threading.Event) -> str:
     """The source's content hash (XXH3, 128 bits), in a thread beside the export (xxhash releases the GIL).
 
     XXH3 rather than sha256: it identifies the file (``xxh128sum FILE`` prints the same digest) at a fraction
@@ -103,80 +104,41 @@ def _hash_file(path: Path, result: dict[str, str], stop: threading.Event) -> Non
             while not stop.is_set() and (chunk := handle.read(8 << 20)):
                 digest.update(chunk)
     except OSError as exc:
-        result["error"] = exc.strerror or str(exc)
-        return
-    result[SOURCE_HASH] = digest.hexdigest()
+        message = f"{path}: cannot read the file to hash it: {exc.strerror or exc}."
+        raise RolloutError(message, exit_code=EXIT_IO) from exc
+    return digest.hexdigest()
 
 
-class ShardExport:
-    """The life of one shard folder, as a context manager.
+@dataclass(frozen=True)
+class ShardFolder:
+    """An export's output while it is written: the temporary folder, its writer, the source's hash to come."""
 
-    Entering sets torch to one thread (the gathers are a small part of the work, and idle OpenMP workers
-    spinning would compete with the hashing and writing threads), starts hashing ``src`` in a
-    thread, creates the temporary folder :attr:`tmp` beside ``dst`` and opens :attr:`writer` on it. Call
-    :meth:`publish` with the manifest once every shard is submitted; leaving the block then renames the
-    folder into place. Leaving it by an exception removes the temporary folder (no ``dst`` appears).
-    """
+    tmp: Path
+    writer: ShardWriter
+    source_hash: Future[str]
 
-    def __init__(
-        self,
-        src: Path,
-        dst: Path,
-        attrs: Mapping[str, Any],
-        group_attrs: Mapping[str, Mapping[str, Any]] | None = None,
-        *,
-        compression: str | None = None,
-        overwrite: bool = False,
-    ) -> None:
-        self.src, self.dst = Path(src), Path(dst)
-        self.attrs, self.group_attrs = attrs, group_attrs or {}
-        self.compression, self.overwrite = compression, overwrite
-        self._hash: dict[str, str] = {}
-        self._stop = threading.Event()
-        self._hasher = threading.Thread(target=_hash_file, args=(self.src, self._hash, self._stop), daemon=True)
-        self._stack = ExitStack()
-        self.tmp = Path()
-        self.writer: ShardWriter
 
-    def __enter__(self) -> ShardExport:
-        with ExitStack() as stack:
-            stack.callback(torch.set_num_threads, torch.get_num_threads())
-            torch.set_num_threads(1)
-            stack.callback(self._stop.set)
-            self._hasher.start()
-            folder = atomic_folder(self.dst, inputs=[self.src], overwrite=self.overwrite, owned=is_shard_folder)
-            self.tmp = stack.enter_context(folder)
-            self.writer = stack.enter_context(
-                ShardWriter(self.tmp, self.attrs, self.group_attrs, compression=self.compression, label=self.dst)
-            )
-            self._stack = stack.pop_all()
-        return self
-
-    def __exit__(self, *exc: Any) -> bool | None:
-        return self._stack.__exit__(*exc)
-
-    def source_hash(self) -> str:
-        """Wait for every shard to be written and for the source's content hash; return it.
-
-        Raises:
-            RolloutError: the source could not be read to hash it (exit 3), or a shard failed to write.
-        """
-        self.writer.wait_all()
-        self._hasher.join()
-        if SOURCE_HASH not in self._hash:
-            reason = self._hash.get("error")
-            raise RolloutError(f"{self.src}: cannot read the file to hash it: {reason}.", exit_code=EXIT_IO)
-        return self._hash[SOURCE_HASH]
-
-    def publish(self, manifest: Mapping[str, Any]) -> None:
-        """Write ``manifest.json`` (last: a folder with a manifest is complete)."""
-        self.writer.wait_all()
-        write_manifest(self.tmp, manifest)
-
-    @property
-    def bytes_written(self) -> int:
-        """Bytes of every shard file written so far."""
-        return sum(size for size, _ in self.writer.results.values())
+@contextmanager
+def shard_folder(src: Path, dst: Path, attrs: dict[str, Any], job: ExportJob, overwrite: bool) -> Iterator[ShardFolder]:
+    """The life of one shard folder: torch on one thread (the gathers are a small part of the work, and idle
+    OpenMP workers spinning would compete with the hashing and writing threads), ``src`` hashed in a thread,
+    shards written into a temporary folder beside ``dst``, renamed into place when the block ends normally
+    (write the manifest last, inside it); removed when it ends by an exception (no ``dst`` appears)."""
+    threads, stop = torch.get_num_threads(), threading.Event()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-xxh3") as hasher:
+            try:
+                digest = hasher.submit(_hash_file, src, stop)
+                with (
+                    atomic_folder(dst, inputs=[src], overwrite=overwrite, owned=is_shard_folder) as tmp,
+                    ShardWriter(tmp, attrs, job.group_attrs, compression=job.compression, label=dst) as writer,
+                ):
+                    yield ShardFolder(tmp, writer, digest)
+            finally:
+                stop.set()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def source_record(reader: RolloutReader, content_hash: str) -> dict[str, Any]:
@@ -314,20 +276,19 @@ def _export_passes(
     for pass_index, plan in enumerate(job.plan.passes):
         positions = None if whole else plan.positions(T * N).view(T, N)
         complete = partial(emitter.emit, pass_index)
-        scatter = ShardScatter(folder, job.fields, plan.sizes, budget // 4, buffers=emitter.buffers, complete=complete)
-        with scatter as out:
-            for block in blocks:
-                data = cached or {f.name: job.read(reader, f, block) for f in job.fields}
-                take = partial(job.take, block, data)
-                if whole:
-                    cached = data
-                    out.add(None, take, order=plan.rows)
-                else:
-                    t0, t1, n0, n1 = block
-                    assert positions is not None
-                    out.add(positions[t0:t1, n0:n1].reshape(-1), take)
-                del data, take
-                emitter.progress.advance()
+        out = ShardScatter(folder, job.fields, plan.sizes, budget // 4, buffers=emitter.buffers, complete=complete)
+        for block in blocks:
+            data = cached or {f.name: job.read(reader, f, block) for f in job.fields}
+            take = partial(job.take, block, data)
+            if whole:
+                cached = data
+                out.add(None, take, order=plan.rows)
+            else:
+                t0, t1, n0, n1 = block
+                assert positions is not None
+                out.add(positions[t0:t1, n0:n1].reshape(-1), take)
+            del data, take
+            emitter.progress.advance()
         out.finish()
 
 
@@ -354,22 +315,22 @@ def run_export(
         passes = job.plan.passes
         try:
             attrs = {"rolloutcli_format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode, **job.attrs}
-            with ShardExport(src, dst, attrs, job.group_attrs, compression=job.compression, overwrite=overwrite) as out:
+            with shard_folder(src, dst, attrs, job, overwrite) as out:
                 emitter = Emitter(
                     job.plan, out.writer, job.fields, progress, job.shard_tensors, buffer_sets=1 if streamed else 2
                 )
                 progress.start(job.label, sum(len(p.sizes) for p in passes) + len(passes) * len(blocks))
                 _export_passes(reader, job, emitter, out.tmp, blocks, run.max_memory)
-                content_hash = out.source_hash()  # waits for every shard: their hashes are known after it
-                entries = emitter.entries()
+                out.writer.wait_all()
+                entries = emitter.entries()  # every shard's hash is known now
                 head = {"format": MANIFEST_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode}
-                source = source_record(reader, content_hash)
+                source = source_record(reader, out.source_hash.result())
                 fields = field_records(job.fields)
-                manifest = {**head, "source": source, **job.manifest, "fields": fields, "shards": entries}
-                out.publish(manifest)
+                write_manifest(out.tmp, {**head, "source": source, **job.manifest, "fields": fields, "shards": entries})
         finally:
             progress.finish()
     seconds = time.perf_counter() - started
+    written = sum(size for size, _ in out.writer.results.values())
     return {
         "input": str(src),
         "output": str(dst),
@@ -379,9 +340,9 @@ def run_export(
         **job.summary,
         "files": len(out.writer.results),
         "entries": len(entries),
-        "bytes_written": out.bytes_written,
+        "bytes_written": written,
         "streamed": streamed,
         "blocks": len(blocks),
         "seconds": seconds,
-        "gb_per_s": out.bytes_written / seconds / 1e9 if seconds > 0 else None,
+        "gb_per_s": written / seconds / 1e9 if seconds > 0 else None,
     }
