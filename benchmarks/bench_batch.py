@@ -36,7 +36,7 @@ import xxhash
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bandwidth import best_time, measure_bandwidth
 
-from rolloutcli.core.batching import gather_rows
+from rolloutcli.core.batching import gather_fields, gather_rows
 from rolloutcli.pipeline.batch import BatchOptions, run_batch
 from rolloutcli.pipeline.options import RunOptions
 
@@ -180,8 +180,10 @@ def bench_gather(rows: int = 1 << 20, width: int = 48) -> None:
     shard = rows // 8  # what the export does: one mini-batch of 8 at a time, one thread
     torch.set_num_threads(1)
     single = best_time(lambda: gather_rows(source, index[:shard], out=out[:shard]))
+    fields = best_time(lambda: gather_fields({"x": source}, index[:shard], {"x": out[:shard]}))
     torch.set_num_threads(threads)
-    print(f"  one shard of {shard} rows on one thread: index_select {nbytes / 8 / single / 1e9:.2f} GB/s")
+    print(f"  one shard of {shard} rows on one thread: index_select {nbytes / 8 / single / 1e9:.2f} GB/s, ", end="")
+    print(f"gather_fields (compiled, prefetching) {nbytes / 8 / fields / 1e9:.2f} GB/s ({single / fields:.1f}x)")
 
 
 def bench_memory(tmp: Path, gigabytes: float, max_memory: str, num_mini_batches: int) -> None:

@@ -14,6 +14,7 @@ from tensordict import TensorDict
 from rolloutcli.core.batching import (
     distillation_plan,
     feedforward_plan,
+    gather_fields,
     gather_rows,
     parity_sizes,
     plan_batches,
@@ -227,22 +228,68 @@ FIELD_DTYPES = [
     source_rows=st.integers(1, 300),
     data=st.data(),
 )
-def test_gather_rows_into_buffers_equals_fancy_indexing_bit_for_bit(source_rows: int, data: st.DataObject) -> None:
-    # What the export does per field: every byte (NaN payloads included) comes out as value[index] would have it.
+def test_gather_fields_equals_fancy_indexing_bit_for_bit(source_rows: int, data: st.DataObject) -> None:
+    # Narrow fields (<= 8 bytes a row) take the sorted compiled path, wider ones index_select; every byte
+    # (NaN payloads included) must come out as value[index] would have it.
     count = data.draw(st.integers(0, source_rows))
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
     index = torch.randperm(source_rows, generator=generator)[:count]
-    shape = data.draw(st.sampled_from([(), (1,), (2,), (3,), (12,), (2, 3)]))
-    dtype = data.draw(st.sampled_from(FIELD_DTYPES))
-    raw = torch.randint(0, 256, (source_rows, *shape, torch.empty(0, dtype=dtype).element_size()), generator=generator)
-    if dtype == torch.bool:
-        raw = raw % 2  # only 0 and 1 are valid bools (torch's own copy would normalise other bytes)
-    source = raw.to(torch.uint8).view(dtype).reshape(source_rows, *shape)
-    buffer = torch.zeros(count + 3, *shape, dtype=dtype)  # the export gathers into the head of a reused buffer
-    result = gather_rows(source, index, out=buffer[:count])
-    assert result.data_ptr() == buffer.data_ptr() or count == 0
-    assert torch.equal(buffer[:count].view(torch.uint8), source[index].contiguous().view(torch.uint8))
-    assert not buffer[count:].view(torch.uint8).any()  # nothing written past the shard
+    shapes = data.draw(st.lists(st.sampled_from([(), (1,), (2,), (3,), (12,), (2, 3)]), min_size=1, max_size=5))
+    sources, outs = {}, {}
+    for i, shape in enumerate(shapes):
+        dtype = data.draw(st.sampled_from(FIELD_DTYPES))
+        raw = torch.randint(
+            0, 256, (source_rows, *shape, torch.empty(0, dtype=dtype).element_size()), generator=generator
+        )
+        if dtype == torch.bool:
+            raw = raw % 2  # only 0 and 1 are valid bools (torch's own copy would normalise other bytes)
+        sources[f"f{i}"] = raw.to(torch.uint8).view(dtype).reshape(source_rows, *shape)
+        outs[f"f{i}"] = torch.empty(count, *shape, dtype=dtype)
+    result = gather_fields(sources, index, outs)
+    for name, value in sources.items():
+        expected = value[index]
+        assert result[name] is outs[name]
+        assert torch.equal(outs[name].view(torch.uint8), expected.contiguous().view(torch.uint8)), name
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_gather_fields_uses_the_compiled_kernels_or_falls_back(monkeypatch, compiled: bool) -> None:
+    from rolloutcli.core import native
+
+    if compiled and native.library() is None:
+        pytest.skip("the C file was not compiled in this install")
+    if not compiled:
+        monkeypatch.setattr(native, "library", lambda: None)
+    calls: list[str] = []
+    for kernel in ("gather_rows", "gather_sorted"):
+        real = getattr(native, kernel)
+        monkeypatch.setattr(native, kernel, lambda *a, _real=real, _name=kernel: calls.append(_name) or _real(*a))
+    index = torch.randperm(500)[:200]
+    sources = {"obs": torch.randn(500, 48), "r": torch.randn(500), "d": torch.randint(0, 2, (500,), dtype=torch.uint8)}
+    outs = {name: torch.empty(200, *value.shape[1:], dtype=value.dtype) for name, value in sources.items()}
+    gather_fields(sources, index, outs)
+    for name, value in sources.items():
+        assert torch.equal(outs[name], value[index]), name
+    assert sorted(calls) == ["gather_rows", "gather_sorted", "gather_sorted"]  # tried either way
+
+
+def test_gather_fields_refuses_rows_out_of_range() -> None:
+    sources = {"obs": torch.randn(10, 4), "r": torch.randn(10)}
+    outs = {name: torch.empty(3, *value.shape[1:]) for name, value in sources.items()}
+    for bad in ([0, 10, 2], [-1, 0, 1]):
+        with pytest.raises(IndexError):
+            gather_fields(sources, torch.tensor(bad), outs)
+
+
+def test_gather_fields_into_reused_buffer_views() -> None:
+    # The export gathers into the first B rows of a larger reused buffer.
+    index = torch.randperm(1000)[:257]
+    sources = {"r": torch.randn(1000), "d": torch.randint(0, 2, (1000,), dtype=torch.uint8), "o": torch.randn(1000, 48)}
+    buffers = {name: torch.full((300, *v.shape[1:]), 7, dtype=v.dtype) for name, v in sources.items()}
+    gather_fields(sources, index, {name: b[:257] for name, b in buffers.items()})
+    for name, value in sources.items():
+        assert torch.equal(buffers[name][:257], value[index])
+        assert (buffers[name][257:] == 7).all()  # nothing written past the shard
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from test_batching import full_arrays
 from torch.utils.data import DataLoader
 
 from rolloutcli import RolloutError, ShardDataset
-from rolloutcli.hdf5.shards import read_shard, shard_bytes
+from rolloutcli.hdf5.shards import ShardWriter, read_shard, shard_bytes
 from rolloutcli.pipeline.batch import BatchOptions, run_batch
 from rolloutcli.pipeline.options import RunOptions
 
@@ -133,6 +133,10 @@ def test_shard_bytes_are_stable_and_read_back(tmp_path, compression: str | None)
     image = shard_bytes(tensors, attrs, groups, compression=compression)
     if h5py.version.hdf5_version == "2.0.0":
         assert hashlib.sha256(image).hexdigest() == GOLDEN_SHARDS[compression]
+    with ShardWriter(tmp_path, attrs, groups, compression=compression) as writer:  # its layout path: same bytes
+        writer.submit("written.h5", tensors)
+    assert (tmp_path / "written.h5").read_bytes() == image
+    assert writer.results["written.h5"] == (len(image), hashlib.sha256(image).hexdigest())
     path = tmp_path / "shard.h5"
     path.write_bytes(image)
     arrays, read_attrs = read_shard(path)

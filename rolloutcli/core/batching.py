@@ -19,6 +19,7 @@ so they are the same whatever device the data lives on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -297,6 +298,53 @@ def gather_rows(source: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | No
         src, dst = source.reshape(source.shape[0], -1), out.view(rows.numel(), -1)
     torch.index_select(src, 0, rows, out=dst)
     return out
+
+
+# Rows of at most this many bytes are gathered in ascending source order (rolloutcli.core.native).
+NARROW_ROW_BYTES = 8
+
+
+def gather_fields(
+    sources: Mapping[str, torch.Tensor], rows: torch.Tensor, outs: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``outs[name][i] = sources[name][rows[i]]`` for every field; byte-identical to :func:`gather_rows` per field.
+
+    ``sources[name]`` ``[R, ...]``; ``outs[name]`` ``[len(rows), ...]`` contiguous, same dtype. ``rows`` must
+    not repeat (a mini-batch's rows). On the CPU, with the compiled kernels of :mod:`rolloutcli.core.native`:
+    fields of at most ``NARROW_ROW_BYTES`` per row are read in ascending row order and written to their slots
+    (one sort of ``rows`` shared by all of them; 20 -> 3 ms per scalar field of a 128k-row shard of 1M rows),
+    wider ones are copied row by row with prefetching (2x ``index_select`` at 192-byte rows). Elsewhere, or
+    where the C file was not compiled, ``index_select``. Returns ``outs`` as a dict.
+    """
+    from rolloutcli.core import native
+
+    compiled = [
+        name
+        for name, out in outs.items()
+        if out.device.type == "cpu"
+        and sources[name].device.type == "cpu"
+        and out.is_contiguous()
+        and sources[name].is_contiguous()
+        and out.numel() > 0
+    ]
+    rows_np = rows.to(torch.int64).contiguous().numpy() if compiled else None
+    sorted_np = slots_np = None
+    for name in compiled:
+        # as raw rows of an integer type: numpy has no bfloat16, and the kernels only move bytes
+        source, out = as_rows(sources[name]).numpy(), as_rows(outs[name]).numpy()
+        if out[:1].nbytes <= NARROW_ROW_BYTES:
+            if sorted_np is None:
+                sorted_rows, slots = torch.sort(rows.to(torch.int64))
+                sorted_np, slots_np = sorted_rows.numpy(), slots.numpy()
+            done = native.gather_sorted(source, sorted_np, slots_np, out)
+        else:
+            done = native.gather_rows(source, rows_np, out)
+        if not done:  # the C file was not compiled
+            gather_rows(sources[name], rows, out=outs[name])
+    for name, out in outs.items():
+        if name not in compiled:
+            gather_rows(sources[name], rows, out=out)
+    return dict(outs)
 
 
 def scatter_rows(out: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

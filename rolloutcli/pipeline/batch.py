@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rolloutcli.core.batching import ShardPlan, gather_rows, plan_batches
+from rolloutcli.core.batching import ShardPlan, gather_fields, plan_batches
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
 from rolloutcli.hdf5.reader import RolloutReader
@@ -149,7 +149,9 @@ def read_rows(reader: RolloutReader, field: Field, block: Block) -> torch.Tensor
 
 def take_rows(block: Block, data: Rows, index: torch.Tensor, out: Rows | None) -> Rows:
     """Rows ``index`` of a block's rows, into ``out`` when given."""
-    return {name: gather_rows(value, index, out=None if out is None else out[name]) for name, value in data.items()}
+    if out is None:
+        out = {name: value.new_empty((index.numel(), *value.shape[1:])) for name, value in data.items()}
+    return gather_fields(data, index, out)
 
 
 def _shard_tensors(
