@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -14,7 +16,7 @@ from test_batching import full_arrays
 from torch.utils.data import DataLoader
 
 from rolloutcli import RolloutError, ShardDataset
-from rolloutcli.hdf5.shards import read_shard, shard_bytes
+from rolloutcli.hdf5.shards import ShardWriter, read_shard, shard_bytes
 from rolloutcli.pipeline.batch import BatchOptions, run_batch
 from rolloutcli.pipeline.options import RunOptions
 
@@ -107,21 +109,36 @@ def test_manifest_problems_are_reported(folders, tmp_path) -> None:
     assert len(info.value.problems) == 3
 
 
-def test_layout_writer_equals_libhdf5_bytes(tmp_path) -> None:
+# sha256 of the shard below as every earlier version wrote it (libhdf5 2.0.0): shard bytes never change.
+GOLDEN_SHARDS = {
+    None: "2b77dba45ac56d60776272b1b6e48721d6956c2cb7b6f3944cb38211228f707e",
+    "gzip": "0f06a9e765e29db645542b555745ef01a66075a4523d09ae8809b39415c69917",
+    "lzf": "1f0e5f3b9b55aec869def45ace00073dbe55f282e0d06bfaa826932e9eac4025",
+}
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "lzf"])
+def test_shard_bytes_are_stable_and_read_back(tmp_path, compression: str | None) -> None:
+    g = torch.Generator().manual_seed(0)
     tensors = {
-        "observations/policy": torch.randn(37, 48),
-        "actions": torch.randn(37, 12).double(),
-        "dones": torch.randint(0, 2, (37,), dtype=torch.uint8),
-        "masks": torch.rand(12, 4) > 0.5,
+        "observations/policy": torch.randn(37, 48, generator=g),
+        "actions": torch.randn(37, 12, generator=g).double(),
+        "dones": torch.randint(0, 2, (37,), dtype=torch.uint8, generator=g),
+        "masks": torch.rand(12, 4, generator=g) > 0.5,
         "index": torch.arange(37),
-        "distribution/mean": torch.randn(37, 3),
+        "distribution/mean": torch.randn(37, 3, generator=g),
     }
     attrs = {"rolloutcli_format": "shard", "format_version": 1, "mode": "feedforward"}
     groups = {"distribution": {"order": ["mean"]}}
-    ours = shard_bytes(tensors, attrs, groups)
-    assert ours == shard_bytes(tensors, attrs, groups, via_layout=False)  # byte for byte what libhdf5 writes
+    image = shard_bytes(tensors, attrs, groups, compression=compression)
+    if h5py.version.hdf5_version == "2.0.0":
+        assert hashlib.sha256(image).hexdigest() == GOLDEN_SHARDS[compression]
+    with ShardWriter(tmp_path, attrs, groups, compression=compression) as writer:  # its layout path: same bytes
+        writer.submit("written.h5", tensors)
+    assert (tmp_path / "written.h5").read_bytes() == image
+    assert writer.results["written.h5"] == (len(image), hashlib.sha256(image).hexdigest())
     path = tmp_path / "shard.h5"
-    path.write_bytes(ours)
+    path.write_bytes(image)
     arrays, read_attrs = read_shard(path)
     for name, value in tensors.items():
         assert np.array_equal(arrays[name], value.numpy()), name

@@ -1,18 +1,15 @@
-"""Shard files and their manifest: write one shard, read it back, read and verify ``manifest.json``.
+"""Shard files and their manifest: write one shard and ``manifest.json``, read a shard back; read regions of a
+rollout for the export. (The manifest's checks are the reader's: :mod:`rolloutcli.shards`.)
 
-A shard is a small HDF5 file built **in memory** and written with plain Python I/O, never by libhdf5 into a
-file on disk: after a failed write (disk full, file-size limit) h5py keeps an id open and the interpreter
-crashes at exit; bytes written by Python just raise ``OSError``.
+A shard is a small HDF5 file built **in memory** by libhdf5 (the core driver, no backing store) and written
+with plain Python I/O, never by libhdf5 into a file on disk: after a failed write (disk full, file-size
+limit) h5py keeps an id open and the interpreter crashes at exit; bytes written by Python just raise
+``OSError``. Every dataset is contiguous (chunked when compressed), without timestamps, so a shard's bytes
+depend only on its data. An uncompressed shard is written from its *layout* (built once per set of dataset
+shapes: the metadata bytes and where each dataset's data go) filled with views of the tensors, byte for byte
+the image libhdf5 builds (:func:`shard_bytes`, checked by the tests) without copying the data twice.
 
-Uncompressed shards (the default) skip libhdf5 for the bulk data too. The file's *layout* is built once per
-set of dataset shapes with the core driver (``driver="core", backing_store=False``): every dataset contiguous,
-allocated early, never filled. Its image holds the metadata and knows where each dataset's bytes go
-(``Dataset.id.get_offset()``). A shard is then that image with the data regions replaced by the tensors'
-bytes, written straight from the tensors' memory: byte for byte the file libhdf5 writes when given the data
-(checked by the tests), without copying the data into libhdf5's image and out again (two fresh copies that
-cost more than the write). Compressed shards (``lzf``/``gzip``) go through libhdf5 in memory as a whole.
-
-Writing and hashing run in two background threads (both release the GIL), overlapping the next shard's
+Building and writing a shard, and hashing it, run in two background threads, overlapping the next shard's
 gather; :class:`ShardWriter` hands out results in order.
 """
 
@@ -22,40 +19,81 @@ import errno
 import hashlib
 import itertools
 import json
+import math
 import os
-import re
+import stat
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
 import torch
 
-from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, RolloutError, problem_line
+from rolloutcli.errors import EXIT_IO, RolloutError
 from rolloutcli.hdf5.filecopy import start_writeback
 from rolloutcli.hdf5.safety import HDF5_ERRORS, SafetyOptions, open_hdf5, translate_hdf5_error
+from rolloutcli.hdf5.schema import FLAG_FIELDS
+
+if TYPE_CHECKING:
+    from rolloutcli.hdf5.reader import RolloutReader
 
 SHARD_FORMAT = "shard"
 MANIFEST_FORMAT = "rolloutcli.shards"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-ENTRY_KEYS = ("file", "epoch", "mini_batch", "rows", "sha256")
-MODES = ("feedforward", "recurrent", "distillation", "history")
+MANIFEST_MAX_BYTES = 1 << 26
 COMPRESSIONS = ("lzf", "gzip")
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.h5$")  # a plain name inside the folder, no path
-_HASH_CHUNK = 8 << 20
 _BUILDS = itertools.count()
-
-Segment = bytes | memoryview
 _WRITE_FIXES = {
     errno.ENOSPC: "Free disk space or write to another disk",
     errno.EDQUOT: "Free space within your disk quota or write to another disk",
     errno.EFBIG: "The shard exceeds the file size limit (ulimit -f); raise it or use more --num-mini-batches",
     errno.EROFS: "The file system is read-only; choose a writable folder",
 }
+Shapes = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+Segment = bytes | memoryview
+Layout = tuple[bytes | str, ...]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading the source (the export never holds an h5py object)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def chunk_extents(reader: RolloutReader, name: str) -> tuple[int, int, int] | None:
+    """``(steps, envs, bytes)`` of one chunk of a chunked per-step field (None when contiguous)."""
+    spec = reader.schema.fields[name]
+    if spec.chunks is None or spec.env_axis is None:
+        return None
+    return spec.chunks[0], spec.chunks[spec.env_axis], int(np.prod(spec.chunks)) * spec.dtype.itemsize
+
+
+def read_region(reader: RolloutReader, name: str, steps: tuple[int, int], envs: tuple[int, int]) -> np.ndarray:
+    """Steps ``t0:t1`` of envs ``n0:n1`` of a per-step field, normalised as ``RolloutReader.array`` returns it
+    (its dtype, flags 0/1, a trailing 1 of scalar fields squeezed), C-contiguous.
+
+    Raises:
+        RolloutError: the data cannot be read (HDF5 errors translated, naming the field).
+    """
+    spec = reader.schema.fields[name]
+    dtype, shape = reader.normalized(name, *envs)
+    index: list[slice] = [slice(None)] * len(spec.shape)
+    index[0], index[spec.env_axis or 1] = slice(*steps), slice(*envs)
+    try:
+        data = np.asarray(reader.handle[name][tuple(index)])
+    except HDF5_ERRORS as exc:
+        raise translate_hdf5_error(reader.path, exc, name) from exc
+    if spec.role in FLAG_FIELDS:
+        data = data != 0
+    data = data.astype(dtype, copy=False).reshape(steps[1] - steps[0], *shape[1:])
+    return np.ascontiguousarray(data)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Writing shards
+# ----------------------------------------------------------------------------------------------------------
 
 
 def _numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -65,107 +103,46 @@ def _numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(value)
 
 
-def _dcpl() -> h5py.h5p.PropDCID:
-    """Contiguous, allocated when created, never filled: the data region exists at a fixed offset and holds
-    exactly the bytes written there (no fill value written first)."""
-    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-    return dcpl
-
-
-def _build(
-    arrays: Mapping[str, np.ndarray] | Mapping[str, tuple[tuple[int, ...], np.dtype]],
+def _image(
+    arrays: Mapping[str, np.ndarray | tuple[tuple[int, ...], np.dtype]],
     attrs: Mapping[str, Any],
     group_attrs: Mapping[str, Mapping[str, Any]],
-    *,
-    write: bool,
     compression: str | None = None,
-) -> tuple[bytes, dict[str, tuple[int, int]]]:
-    """Build a shard in memory; return its file image and each dataset's ``(offset, nbytes)``.
-
-    ``write=False`` takes ``{name: (shape, dtype)}`` and leaves the data regions unwritten (zeros).
-    """
+) -> tuple[bytes, dict[str, int]]:
+    """A shard's file image (datasets in the given order, then the groups' attributes) and the offset of each
+    contiguous dataset's data; a ``(shape, dtype)`` instead of an array leaves that data unwritten (zeros)."""
     # A name of its own: libhdf5 refuses to open two files of one name at once (nothing is created on disk).
     name = f"rolloutcli-shard-{next(_BUILDS)}.h5"
     handle = h5py.File(name, "w", driver="core", backing_store=False, libver=("earliest", "latest"))
     try:
         for key, value in attrs.items():
             handle.attrs[key] = value
-        regions: dict[str, tuple[int, int]] = {}
+        offsets = {}
         for field, item in arrays.items():
-            shape, dtype = (item.shape, item.dtype) if isinstance(item, np.ndarray) else item
+            # ``dataset`` keeps the newest dataset open until the image is taken: what libhdf5 writes (the
+            # metadata's places) depends on which objects are open, and shards keep their bytes across versions.
             if compression:
                 dataset = handle.create_dataset(
                     field, data=item, chunks=True, compression=compression, track_times=False
                 )
-            else:
-                dataset = handle.create_dataset(field, shape=shape, dtype=dtype, dcpl=_dcpl(), track_times=False)
-                if write and isinstance(item, np.ndarray) and item.size:
-                    dataset[...] = item
-                offset = dataset.id.get_offset()
-                regions[field] = (offset if offset is not None else 0, _nbytes(shape, dtype))
+                continue
+            shape, dtype = (item.shape, item.dtype) if isinstance(item, np.ndarray) else item
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)  # contiguous, allocated at once, never filled
+            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+            dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+            dataset = handle.create_dataset(field, shape, dtype, dcpl=dcpl, track_times=False)
+            if isinstance(item, np.ndarray) and item.size:
+                dataset[...] = item
+            offsets[field] = dataset.id.get_offset() or 0
         for group, values in group_attrs.items():
             if group not in handle:
                 raise ValueError(f"attributes for the group '{group}', which no dataset of the shard is in")
             for key, value in values.items():
                 handle[group].attrs[key] = value
         handle.flush()
-        image = handle.id.get_file_image()
+        return handle.id.get_file_image(), offsets
     finally:
         handle.close()
-    return image, regions
-
-
-def _nbytes(shape: Sequence[int], dtype: np.dtype) -> int:
-    """Exact byte size of an array of ``shape`` and ``dtype`` (no overflow)."""
-    count = 1
-    for size in shape:
-        count *= int(size)
-    return count * np.dtype(dtype).itemsize
-
-
-@dataclass(frozen=True)
-class ShardLayout:
-    """An uncompressed shard's bytes as a sequence: metadata bytes, or the name of a dataset whose data goes
-    there. ``size`` is the file size."""
-
-    parts: tuple[bytes | str, ...]
-    size: int
-
-    @classmethod
-    def build(
-        cls,
-        fields: Mapping[str, tuple[tuple[int, ...], np.dtype]],
-        attrs: Mapping[str, Any],
-        group_attrs: Mapping[str, Mapping[str, Any]],
-    ) -> ShardLayout:
-        image, regions = _build(fields, attrs, group_attrs, write=False)
-        parts: list[bytes | str] = []
-        cursor = 0
-        for name, (offset, nbytes) in sorted(regions.items(), key=lambda item: item[1][0]):
-            if nbytes == 0:
-                continue
-            if offset < cursor or offset + nbytes > len(image):
-                raise RuntimeError(f"unexpected HDF5 layout for '{name}': {offset}+{nbytes} in {len(image)} bytes")
-            if offset > cursor:
-                parts.append(image[cursor:offset])
-            parts.append(name)
-            cursor = offset + nbytes
-        if cursor < len(image):
-            parts.append(image[cursor:])
-        return cls(tuple(parts), len(image))
-
-    def segments(self, arrays: Mapping[str, np.ndarray]) -> list[Segment]:
-        """The file's bytes in order, the data segments as views of ``arrays`` (no copy)."""
-        return [part if isinstance(part, bytes) else memoryview(arrays[part]).cast("B") for part in self.parts]
-
-
-Shapes = Mapping[str, tuple[tuple[int, ...], np.dtype]]
-
-
-def _signature(shapes: Shapes) -> tuple[tuple[str, tuple[int, ...], str], ...]:
-    return tuple((name, tuple(int(s) for s in shape), np.dtype(dtype).str) for name, (shape, dtype) in shapes.items())
 
 
 def shard_bytes(
@@ -174,34 +151,43 @@ def shard_bytes(
     group_attrs: Mapping[str, Mapping[str, Any]] | None = None,
     *,
     compression: str | None = None,
-    via_layout: bool = True,
 ) -> bytes:
-    """The whole file of a shard as bytes (for tests and small shards; :class:`ShardWriter` streams instead).
+    """The whole file of a shard as libhdf5 writes it (the reference :class:`ShardWriter` equals)."""
+    return _image({name: _numpy(value) for name, value in tensors.items()}, attrs, group_attrs or {}, compression)[0]
 
-    ``via_layout=False`` lets libhdf5 write the data into its in-memory image (the reference the layout path
-    must equal byte for byte).
+
+def _layout(shapes: Shapes, attrs: Mapping[str, Any], group_attrs: Mapping[str, Mapping[str, Any]]) -> Layout:
+    """An uncompressed shard's file as a sequence: metadata bytes, or the name of a dataset whose data go there.
+
+    Filling a layout with the arrays' bytes gives :func:`shard_bytes` byte for byte, without copying the data
+    into libhdf5's image and out again (a benchmark showed those copies cost a third of the export).
     """
-    arrays = {name: _numpy(value) for name, value in tensors.items()}
-    if compression or not via_layout:
-        return _build(arrays, attrs, group_attrs or {}, write=True, compression=compression)[0]
-    fields = {name: (a.shape, a.dtype) for name, a in arrays.items()}
-    layout = ShardLayout.build(fields, attrs, group_attrs or {})
-    return b"".join(bytes(s) for s in layout.segments(arrays))
+    image, offsets = _image(shapes, attrs, group_attrs)
+    parts: list[bytes | str] = []
+    cursor = 0
+    for name, offset in sorted(offsets.items(), key=lambda item: item[1]):
+        shape, dtype = shapes[name]
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        if nbytes == 0:
+            continue
+        if offset < cursor or offset + nbytes > len(image):
+            raise RuntimeError(f"unexpected HDF5 layout for '{name}': {offset}+{nbytes} in {len(image)} bytes")
+        parts += [image[cursor:offset], name]
+        cursor = offset + nbytes
+    parts.append(image[cursor:])
+    return tuple(part for part in parts if part != b"")
 
 
 def _write_segments(path: Path, segments: Sequence[Segment], *, fsync: bool = False) -> int:
     """Write ``segments`` to a new file with plain Python I/O; return the byte count.
 
     Without ``fsync``, the kernel is asked to start writing the file to disk at once (not waiting for it):
-    the fsync before publishing then finds it (nearly) done, and no journal commit runs in the middle of
-    the export. Measured, 8 files of 47 MB: 0.14 s this way, 0.16-0.17 s with each file fsynced in a thread
-    as it completes (a commit stalls the writes around it), 0.22 s fsyncing each in line.
+    the fsync of the folder's publish then finds it (nearly) done.
     """
     written = 0
     with open(path, "xb") as handle:
         for segment in segments:
-            handle.write(segment)
-            written += len(segment)
+            written += handle.write(segment)
         handle.flush()
         if fsync:
             os.fsync(handle.fileno())
@@ -210,7 +196,7 @@ def _write_segments(path: Path, segments: Sequence[Segment], *, fsync: bool = Fa
     return written
 
 
-def _hash_segments(segments: Sequence[Segment]) -> str:
+def _sha256(segments: Sequence[Segment]) -> str:
     digest = hashlib.sha256()
     for segment in segments:
         digest.update(segment)
@@ -218,13 +204,12 @@ def _hash_segments(segments: Sequence[Segment]) -> str:
 
 
 class ShardWriter:
-    """Write shards into ``folder`` in the background: writing and hashing in two threads.
+    """Write shards into ``folder`` in the background: one thread builds and writes each shard, another hashes it.
 
-    ``submit`` returns once the *previous* shard's bytes are written and hashed, so a caller that alternates
-    two sets of buffers can refill one while the other is written. Each written shard's write-back to disk
-    starts at once, so the fsyncs of the folder's publish find it (nearly) done. ``results`` maps file
-    name to ``(bytes, sha256)``. Use as a context manager: leaving it waits for every thread (also on
-    errors, so nothing writes into a folder that is being removed).
+    ``submit`` returns once the *previous* shard is built, written and hashed, so a caller that alternates two
+    sets of buffers can refill one while the other is written. ``results`` maps file name to
+    ``(bytes, sha256)``. Use as a context manager: leaving it waits for every thread (also on errors, so
+    nothing writes into a folder that is being removed).
     """
 
     def __init__(
@@ -242,9 +227,10 @@ class ShardWriter:
         self.group_attrs = {k: dict(v) for k, v in (group_attrs or {}).items()}
         self.compression = compression
         self.results: dict[str, tuple[int, str]] = {}
-        self._layouts: dict[tuple[Any, ...], ShardLayout] = {}
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rolloutcli-shard")
-        self._pending: tuple[str, Future[int], Future[str], object] | None = None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-shard")
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-sha256")
+        self._pending: tuple[str, Future[tuple[int, str]]] | None = None
+        self._layouts: dict[tuple[Any, ...], Layout] = {}  # used by the writer thread only
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -254,63 +240,49 @@ class ShardWriter:
             if exc[0] is None:
                 self.wait_all()
         finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def prepare(self, shapes: Shapes) -> ShardLayout | None:
-        """Build (and keep) the layout of shards with these ``{name: (shape, dtype)}``, in creation order."""
-        if self.compression:
-            return None
-        key = _signature(shapes)
-        layout = self._layouts.get(key)
-        if layout is None:
-            try:
-                layout = ShardLayout.build(shapes, self.attrs, self.group_attrs)
-            except HDF5_ERRORS as exc:
-                raise translate_hdf5_error(self.label, exc) from exc
-            if len(self._layouts) >= 4:  # feed-forward and distillation shards have one or two shapes
-                self._layouts.clear()
-            self._layouts[key] = layout
-        return layout
+            self._writer.shutdown(wait=True, cancel_futures=True)
+            self._hasher.shutdown(wait=True, cancel_futures=True)
 
     def _segments(self, arrays: Mapping[str, np.ndarray]) -> list[Segment]:
+        """The shard's bytes in order: its image (compressed), or its layout filled with views of ``arrays``."""
         if self.compression:
-            return [_build(arrays, self.attrs, self.group_attrs, write=True, compression=self.compression)[0]]
-        layout = self.prepare({name: (a.shape, a.dtype) for name, a in arrays.items()})
-        assert layout is not None
-        return layout.segments(arrays)
+            return [_image(arrays, self.attrs, self.group_attrs, self.compression)[0]]
+        key = tuple((name, a.shape, a.dtype.str) for name, a in arrays.items())
+        if key not in self._layouts:
+            if len(self._layouts) >= 4:  # feed-forward, distillation and history shards have one or two shapes
+                self._layouts.clear()
+            shapes = {name: (a.shape, a.dtype) for name, a in arrays.items()}
+            self._layouts[key] = _layout(shapes, self.attrs, self.group_attrs)
+        return [p if isinstance(p, bytes) else memoryview(arrays[p]).cast("B") for p in self._layouts[key]]
 
-    def submit(self, name: str, tensors: Mapping[str, torch.Tensor | np.ndarray]) -> None:
-        """Queue ``tensors`` (CPU, kept alive until written) as the shard file ``folder/name``."""
-        arrays = {field: _numpy(value) for field, value in tensors.items()}
+    def _write(self, name: str, tensors: Mapping[str, torch.Tensor | np.ndarray]) -> tuple[int, str]:
         try:
-            segments = self._segments(arrays)
+            segments = self._segments({field: _numpy(value) for field, value in tensors.items()})
         except HDF5_ERRORS as exc:
             raise translate_hdf5_error(self.label / name, exc) from exc
-        self.wait()
-        path = self.folder / name
-        self._pending = (
-            name,
-            self._pool.submit(_write_segments, path, segments),
-            self._pool.submit(_hash_segments, segments),
-            arrays,
-        )
+        digest = self._hasher.submit(_sha256, segments)
+        try:
+            size = _write_segments(self.folder / name, segments)
+        except OSError as exc:
+            fix = _WRITE_FIXES.get(exc.errno or 0, "Choose another output folder")
+            message = f"{self.label / name}: cannot write the shard: {exc.strerror or exc}. {fix}."
+            raise RolloutError(message, exit_code=EXIT_IO) from exc
+        finally:
+            sha256 = digest.result()
+        return size, sha256
 
-    def _failed(self, name: str, exc: OSError) -> RolloutError:
-        fix = _WRITE_FIXES.get(exc.errno or 0, "Choose another output folder")
-        message = f"{self.label / name}: cannot write the shard: {exc.strerror or exc}. {fix}."
-        return RolloutError(message, exit_code=EXIT_IO)
+    def submit(self, name: str, tensors: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+        """Queue ``tensors`` (CPU; left unchanged until the next ``submit`` or ``wait`` returns) as the shard
+        file ``folder/name``."""
+        self.wait()
+        self._pending = (name, self._writer.submit(self._write, name, tensors))
 
     def wait(self) -> None:
         """Block until the shard in flight is written and hashed; raise ``RolloutError`` (exit 3) if it failed."""
-        if self._pending is None:
-            return
-        name, written, digest, _ = self._pending
-        self._pending = None
-        try:
-            size = written.result()
-        except OSError as exc:
-            raise self._failed(name, exc) from exc
-        self.results[name] = (size, digest.result())
+        if self._pending is not None:
+            name, future = self._pending
+            self._pending = None
+            self.results[name] = future.result()
 
     def wait_all(self) -> None:
         """Block until every shard is written and hashed (durability comes from the folder's publish, which
@@ -333,95 +305,26 @@ def write_manifest(folder: Path, manifest: Mapping[str, Any]) -> None:
         raise RolloutError(f"{path}: cannot write the manifest: {exc.strerror or exc}.", exit_code=EXIT_IO) from exc
 
 
+def manifest_text(path: Path) -> str:
+    """The manifest's text: a regular file (never a FIFO or device: opened without blocking, checked before
+    reading) of at most ``MANIFEST_MAX_BYTES``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if info.st_size > MANIFEST_MAX_BYTES:
+            raise OSError(errno.EFBIG, f"larger than {MANIFEST_MAX_BYTES} bytes")
+        return handle.read(MANIFEST_MAX_BYTES + 1).decode()
+
+
 def is_shard_folder(folder: Path) -> bool:
     """True for a folder ``rolloutcli batch`` wrote: its ``manifest.json`` names the shard format."""
-    path = Path(folder) / MANIFEST_NAME
     try:
-        if not path.is_file() or path.stat().st_size > 1 << 26:
-            return False
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(manifest_text(Path(folder) / MANIFEST_NAME))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return False
     return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
-
-
-def read_manifest(folder: Path | str) -> dict[str, Any]:
-    """Read and check ``folder/manifest.json``: format, mode, shard entries, and that every file exists.
-
-    Raises:
-        RolloutError: missing folder or manifest (exit 3); malformed manifest or missing shard (exit 1),
-            every problem listed.
-    """
-    folder = Path(folder)
-    path = folder / MANIFEST_NAME
-    if not folder.is_dir():
-        raise RolloutError(f"{folder}: no such shard folder. Run `rolloutcli batch` to create it.", exit_code=EXIT_IO)
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise RolloutError(
-            f"{path}: no manifest; the folder is not a complete `rolloutcli batch` output.", exit_code=EXIT_IO
-        ) from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RolloutError.field(path, "(file)", "a JSON manifest", f"unreadable content ({exc})") from exc
-    problems: list[str] = []
-
-    def bad(field: str, expected: str, found: object) -> None:
-        problems.append(problem_line(path, field, expected, repr(found)))
-
-    if not isinstance(manifest, dict):
-        raise RolloutError.field(path, "(root)", "a JSON object", type(manifest).__name__)
-    if manifest.get("format") != MANIFEST_FORMAT:
-        bad("format", repr(MANIFEST_FORMAT), manifest.get("format"))
-    if manifest.get("format_version") != FORMAT_VERSION:
-        bad("format_version", str(FORMAT_VERSION), manifest.get("format_version"))
-    if manifest.get("mode") not in MODES:
-        bad("mode", "feedforward, recurrent, distillation or history", manifest.get("mode"))
-    shards = manifest.get("shards")
-    if not isinstance(shards, list) or not shards:
-        bad("shards", "a non-empty list", shards)
-        shards = []
-    for i, entry in enumerate(shards):
-        where = f"shards[{i}]"
-        if not isinstance(entry, dict) or any(key not in entry for key in ENTRY_KEYS):
-            bad(where, f"an object with keys {', '.join(ENTRY_KEYS)}", entry)
-            continue
-        name = entry["file"]
-        if not isinstance(name, str) or not _FILE_NAME.match(name):
-            bad(f"{where}.file", "a plain .h5 file name inside the folder", name)
-        elif not (folder / name).is_file():
-            bad(f"{where}.file", "an existing shard file", f"{name} missing")
-        for key in ("epoch", "mini_batch", "rows"):
-            if not isinstance(entry[key], int) or isinstance(entry[key], bool) or entry[key] < 0:
-                bad(f"{where}.{key}", "an integer >= 0", entry[key])
-        if not isinstance(entry["sha256"], str) or not re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]):
-            bad(f"{where}.sha256", "64 hex digits", entry["sha256"])
-    if problems:
-        raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
-    return manifest
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, read in 8 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def verify_shard(folder: Path, entry: Mapping[str, Any]) -> None:
-    """Raise ``RolloutError`` (exit 1) when a shard's bytes do not match the manifest's sha256."""
-    path = Path(folder) / entry["file"]
-    found = file_sha256(path)
-    if found != entry["sha256"]:
-        raise RolloutError.field(
-            path,
-            "sha256",
-            entry["sha256"],
-            found,
-            "The shard was modified or damaged after it was written; run `rolloutcli batch` again.",
-        )
 
 
 def read_shard(path: Path, safety: SafetyOptions | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

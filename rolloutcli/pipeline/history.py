@@ -10,35 +10,27 @@ differ by at most one (:func:`~rolloutcli.core.history.history_plan`).
 A shard holds ``observations/<group> [B, K, ...]`` (the chosen groups), ``window_dones [B, K]`` (uint8),
 ``window_env [B]`` and ``window_end [B]`` (int64: the env and the step ``t`` of each window's newest entry).
 
-Two ways to gather, byte-identical:
-
-* **in memory** (the chosen groups and ``dones`` take at most half of ``--max-memory``): read them once and
-  gather each shard's windows with one ``index_select`` per field.
-* **streamed**: windows are per env, so each pass (epoch) reads env blocks of an eighth of the budget,
-  gathers the block's windows in chunks of at most another eighth, already sorted by their position in the
-  epoch's order, and hands them to the spill scatter (:mod:`rolloutcli.pipeline.scatter`, shared with the
-  feed-forward export), which writes each shard once its last window arrived.
+A window is an item of the export engine (:func:`~rolloutcli.pipeline.shard_export.run_export`) named by its
+newest step's row ``t * N + n``; a block of steps ``t0:t1`` is read with the ``K - 1`` steps before it, from
+which its windows are gathered by :func:`~rolloutcli.core.history.gather_windows`.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rolloutcli.core.batching import BatchPlan
 from rolloutcli.core.history import gather_windows, history_plan, window_ends, window_mask
-from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.shards import COMPRESSIONS, FORMAT_VERSION, MANIFEST_FORMAT, SHARD_FORMAT, Shapes
+from rolloutcli.hdf5.shards import read_region
 from rolloutcli.pipeline.options import RunOptions
-from rolloutcli.pipeline.progress import NoProgress, Progress
-from rolloutcli.pipeline.scatter import ShardScatter
-from rolloutcli.pipeline.shard_export import Emitter, Field, ShardExport, field_records, source_record
+from rolloutcli.pipeline.progress import Progress
+from rolloutcli.pipeline.shard_export import Block, ExportJob, Field, Rows, check_export_options, run_export, usage
 
 ORDER_TEXT = (
     "epoch e: the e-th torch.randperm(W) drawn from torch.Generator().manual_seed(seed), applied to the W "
@@ -78,21 +70,12 @@ class HistoryOptions:
     compression: str | None = None
 
 
-def _usage(message: str) -> RolloutError:
-    return RolloutError(message, exit_code=EXIT_USAGE)
-
-
 def _check_options(options: HistoryOptions) -> None:
     if options.history < 1:
-        raise _usage(f"--history: expected an integer >= 1 (steps per window), found {options.history}.")
-    if options.num_mini_batches < 1:
-        raise _usage(f"--num-mini-batches: expected an integer >= 1, found {options.num_mini_batches}.")
-    if options.epochs < 1:
-        raise _usage(f"--epochs: expected an integer >= 1, found {options.epochs}.")
+        raise usage(f"--history: expected an integer >= 1 (steps per window), found {options.history}.")
+    check_export_options(options.num_mini_batches, options.epochs, options.compression)
     if options.groups is not None and not options.groups:
-        raise _usage("--observations: expected one or more observation groups (policy,critic), found none.")
-    if options.compression not in (None, *COMPRESSIONS):
-        raise _usage(f"--compression: expected lzf or gzip, found '{options.compression}'.")
+        raise usage("--observations: expected one or more observation groups (policy,critic), found none.")
 
 
 def _groups(reader: RolloutReader, options: HistoryOptions) -> list[str]:
@@ -102,7 +85,7 @@ def _groups(reader: RolloutReader, options: HistoryOptions) -> list[str]:
         return known
     unknown = [g for g in options.groups if g not in reader.schema.observation_keys]
     if unknown:
-        raise _usage(
+        raise usage(
             f"--observations: expected groups of {reader.path} ({', '.join(known)}), found "
             f"{', '.join(repr(g) for g in unknown)}."
         )
@@ -110,13 +93,14 @@ def _groups(reader: RolloutReader, options: HistoryOptions) -> list[str]:
 
 
 def _fields(reader: RolloutReader, groups: list[str], history: int) -> list[Field]:
-    """The chosen groups and ``dones`` as window fields (rows ``[K, *entry_shape]``), probed on env 0."""
+    """The chosen groups and ``dones`` as window fields (rows ``[K, *entry_shape]``), from the metadata."""
     schema = reader.schema
     pairs = [(schema.observation_keys[g], f"observations/{g}") for g in groups] + [("dones", "window_dones")]
     out = []
     for source, name in pairs:
-        probe = reader.tensor(source, 0, 1)  # [T, 1, *entry_shape], normalised (dones: uint8 0/1)
-        out.append(Field(source, name, schema.fields[source].role, probe.dtype, (history, *probe.shape[2:])))
+        dtype, shape = reader.normalized(source, 0, 1)  # what reading env 0 would return (dones: uint8 0/1)
+        torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+        out.append(Field(source, name, schema.fields[source].role, torch_dtype, (history, *shape[2:])))
     return out
 
 
@@ -132,85 +116,32 @@ def _eligible(reader: RolloutReader, options: HistoryOptions, budget: int) -> to
     return mask
 
 
-def _shard_tensors(
-    plan: BatchPlan, pass_index: int, shard: int, rows: dict[str, torch.Tensor], N: int
-) -> dict[str, torch.Tensor]:
+def _read_steps(history: int, reader: RolloutReader, field: Field, block: Block) -> torch.Tensor:
+    """A block's steps ``t0:t1`` of envs ``n0:n1`` and the ``K - 1`` steps before them (their windows' start),
+    as ``[steps, n, *entry_shape]``."""
+    t0, t1, n0, n1 = block
+    return torch.from_numpy(read_region(reader, field.source, (max(0, t0 - history + 1), t1), (n0, n1)))
+
+
+def _take_windows(history: int, block: Block, data: Rows, index: torch.Tensor, out: Rows | None) -> Rows:
+    """The windows ending at rows ``index`` (``(t - t0) * n + j``) of a block, into ``out`` when given."""
+    t0, _, n0, n1 = block
+    ends = index + min(t0, history - 1) * (n1 - n0)  # rows of the data read, which starts K - 1 steps earlier
+    return {
+        name: gather_windows(value, ends, history, out=None if out is None else out[name])
+        for name, value in data.items()
+    }
+
+
+def _shard_tensors(plan: Any, pass_index: int, shard: int, rows: Rows, N: int) -> dict[str, torch.Tensor]:
     """A shard's datasets: the gathered windows ``[B, K, ...]`` plus ``window_env``/``window_end [B]`` int64."""
     ends = plan.passes[pass_index].rows_of(shard)
     return {**rows, "window_env": torch.remainder(ends, N), "window_end": torch.div(ends, N, rounding_mode="floor")}
 
 
-def _layouts(plan: BatchPlan, fields: list[Field]) -> list[Shapes]:
-    """Shard layouts (one per mini-batch size: at most two), built before any data is held."""
-    out: list[Shapes] = []
-    for size in sorted(set(plan.passes[0].sizes), reverse=True):
-        shapes = {f.name: ((size, *f.row_shape), f.numpy_dtype) for f in fields}
-        shapes["window_env"] = shapes["window_end"] = ((size,), np.dtype(np.int64))
-        out.append(shapes)
-    return out
-
-
-def _in_memory(reader: RolloutReader, fields: list[Field], emitter: Emitter, history: int) -> None:
-    """Read the fields once (``[T, N, ...]``), then gather each shard's windows into reused buffers."""
-    source = {f.name: reader.tensor(f.source) for f in fields}
-    for pass_index, plan in enumerate(emitter.plan.passes):
-        for shard, size in enumerate(plan.sizes):
-            ends = plan.rows_of(shard)
-            target = emitter.buffers(size)
-            rows = {name: gather_windows(source[name], ends, history, out=target[name]) for name in source}
-            emitter.emit(pass_index, shard, rows)
-
-
-def _streamed(
-    reader: RolloutReader,
-    fields: list[Field],
-    emitter: Emitter,
-    mask: torch.Tensor,
-    folder: Path,
-    blocks: list[tuple[int, int]],
-    budget: int,
-) -> None:
-    """Per pass: read env blocks, gather their windows in position order, scatter them to their shards."""
-    T, N = reader.T, reader.N
-    history = fields[0].row_shape[0]
-    chunk = max(1, (budget // 8) // max(sum(f.row_bytes for f in fields), 1))
-    for pass_index, plan in enumerate(emitter.plan.passes):
-        positions = plan.positions(T * N).view(T, N)
-
-        def complete(shard: int, rows: dict[str, torch.Tensor], pass_index: int = pass_index) -> None:
-            emitter.emit(pass_index, shard, rows)
-
-        with ShardScatter(folder, fields, plan.sizes, budget // 4, buffers=emitter.buffers, complete=complete) as out:
-            for start, stop in blocks:
-                block = {f.name: reader.tensor(f.source, start, stop) for f in fields}  # [T, n, ...]
-                local = window_ends(mask[:, start:stop])  # rows t * n + j of the block
-                where = positions[:, start:stop].reshape(-1)[local]
-                where, order = torch.sort(where)
-                local = local[order]
-                assert local.numel() == 0 or int(where[0]) >= 0, "every eligible window is in every epoch"
-                for lo in range(0, local.numel(), chunk):
-                    ends = local[lo : lo + chunk]
-                    windows = {name: gather_windows(value, ends, history) for name, value in block.items()}
-                    out.add(where[lo : lo + chunk], windows, ordered=True)
-                del block
-                emitter.progress.advance()
-        out.finish()
-
-
-def _manifest(
-    reader: RolloutReader,
-    options: HistoryOptions,
-    groups: list[str],
-    fields: list[Field],
-    windows: int,
-    entries: list[dict[str, Any]],
-    source_hash: str,
-) -> dict[str, Any]:
+def _manifest(options: HistoryOptions, groups: list[str], windows: int) -> dict[str, Any]:
+    """The mode's manifest entries (between ``source`` and ``fields``)."""
     return {
-        "format": MANIFEST_FORMAT,
-        "format_version": FORMAT_VERSION,
-        "mode": "history",
-        "source": source_record(reader, source_hash),
         "options": {
             "num_mini_batches": options.num_mini_batches,
             "epochs": options.epochs,
@@ -232,9 +163,50 @@ def _manifest(
         "dropped_envs": [],
         "observation_keys": groups,
         "distribution_order": [],
-        "fields": field_records(fields),
-        "shards": entries,
     }
+
+
+def _job(reader: RolloutReader, options: HistoryOptions, budget: int) -> ExportJob:
+    """``batch --history``'s export job: the eligible windows, shuffled per epoch."""
+    T, N, K = reader.T, reader.N, options.history
+    if K > T:
+        raise usage(f"--history: expected at most {T} (the file's steps T), found {K}.")
+    groups = _groups(reader, options)
+    fields = _fields(reader, groups, K)
+    ends = window_ends(_eligible(reader, options, budget))
+    windows = ends.numel()
+    if windows == 0:
+        raise usage(
+            f"--history: no window of {K} steps lies inside one episode of {reader.path} (every recorded episode "
+            "is shorter). Use a smaller --history, or --across-episodes."
+        )
+    if options.num_mini_batches > windows:
+        raise usage(
+            f"--num-mini-batches: expected at most {windows} (the eligible windows), found {options.num_mini_batches}."
+        )
+    generator = torch.Generator().manual_seed(options.seed)
+    plan = history_plan(ends, options.num_mini_batches, options.epochs, generator=generator)
+    counts = {"windows_per_epoch": windows, "rows_per_epoch": windows, "dropped_rows": 0, "dropped_envs": []}
+    return ExportJob(
+        mode="history",
+        fields=fields,
+        plan=plan,
+        read=partial(_read_steps, K),
+        take=partial(_take_windows, K),
+        shard_tensors=lambda p, shard, rows: _shard_tensors(plan, p, shard, rows, N),
+        read_bytes=sum(f.row_bytes // K for f in fields),
+        env_major=True,
+        attrs={"history": K, "across_episodes": options.across_episodes},
+        compression=options.compression,
+        manifest=_manifest(options, groups, windows),
+        summary={
+            **{key: value for key, value in asdict(options).items() if key != "groups"},
+            "groups": groups,
+            **counts,
+            "order": ORDER_TEXT,
+        },
+        label="batch --history",
+    )
 
 
 def run_history(
@@ -249,84 +221,9 @@ def run_history(
     """Write the history shard folder ``dst`` from the rollout file ``src``; return a summary dict.
 
     Raises:
-        RolloutError: bad options, K > T, an unknown group, no eligible window or more mini-batches than
-            windows (exit 2); I/O faults (exit 3).
+        RolloutError: bad options, K > T, an unknown group, no eligible window, more mini-batches than
+            windows or ``--max-memory`` below twice a chunk (exit 2); I/O faults (exit 3).
     """
-    progress = progress or NoProgress()
-    started = time.perf_counter()
     _check_options(options)
-    src, dst = Path(src), Path(dst)
-    with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
-        T, N, K = reader.T, reader.N, options.history
-        if K > T:
-            raise _usage(f"--history: expected at most {T} (the file's steps T), found {K}.")
-        groups = _groups(reader, options)
-        fields = _fields(reader, groups, K)
-        mask = _eligible(reader, options, run.max_memory)
-        ends = window_ends(mask)
-        windows = ends.numel()
-        if windows == 0:
-            raise _usage(
-                f"--history: no window of {K} steps lies inside one episode of {src} (every recorded episode "
-                "is shorter). Use a smaller --history, or --across-episodes."
-            )
-        if options.num_mini_batches > windows:
-            raise _usage(
-                f"--num-mini-batches: expected at most {windows} (the eligible windows), "
-                f"found {options.num_mini_batches}."
-            )
-        plan = history_plan(
-            ends, options.num_mini_batches, options.epochs, generator=torch.Generator().manual_seed(options.seed)
-        )
-        del ends
-        entry_bytes = sum(f.row_bytes // K for f in fields)
-        streamed = T * N * entry_bytes > run.max_memory // 2
-        blocks = reader.blocks([f.source for f in fields], budget=max(run.max_memory // 8, 1)) if streamed else []
-        attrs = {
-            "rolloutcli_format": SHARD_FORMAT,
-            "format_version": FORMAT_VERSION,
-            "mode": "history",
-            "history": K,
-            "across_episodes": options.across_episodes,
-        }
-
-        def shard_tensors(pass_index: int, shard: int, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return _shard_tensors(plan, pass_index, shard, rows, N)
-
-        try:
-            with ShardExport(src, dst, attrs, compression=options.compression, overwrite=overwrite) as out:
-                emitter = Emitter(plan, out.writer, fields, progress, shard_tensors, buffer_sets=1 if streamed else 2)
-                emitter.prepare(_layouts(plan, fields))
-                progress.start("batch --history", options.epochs * (options.num_mini_batches + len(blocks)))
-                if streamed:
-                    _streamed(reader, fields, emitter, mask, out.tmp, blocks, run.max_memory)
-                else:
-                    _in_memory(reader, fields, emitter, K)
-                content_hash = out.source_hash()  # waits for every shard: their hashes are known after it
-                entries = emitter.entries()
-                manifest = _manifest(reader, options, groups, fields, windows, entries, content_hash)
-                out.publish(manifest)
-        finally:
-            progress.finish()
-    seconds = time.perf_counter() - started
-    return {
-        "input": str(src),
-        "output": str(dst),
-        "mode": "history",
-        "T": T,
-        "N": N,
-        **{key: value for key, value in asdict(options).items() if key != "groups"},
-        "groups": groups,
-        "files": len(out.writer.results),
-        "entries": len(entries),
-        "windows_per_epoch": windows,
-        "rows_per_epoch": windows,
-        "dropped_rows": 0,
-        "dropped_envs": [],
-        "bytes_written": out.bytes_written,
-        "streamed": streamed,
-        "blocks": len(blocks) if streamed else 1,
-        "order": ORDER_TEXT,
-        "seconds": seconds,
-        "gb_per_s": out.bytes_written / seconds / 1e9 if seconds > 0 else None,
-    }
+    prepare = partial(_job, options=options, budget=run.max_memory)
+    return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress)

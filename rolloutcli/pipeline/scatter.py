@@ -1,30 +1,34 @@
-"""The streamed spill scatter: send rows whose global position is known to their shard and slot.
+"""The scatter: send items whose position in a pass is known to their shard and slot.
 
-A shuffle that crosses the whole file (the feed-forward rows of ``batch``, the history windows of
-``batch --history``) cannot be gathered shard by shard from a file larger than memory. Instead the source is
-streamed once per pass, and every row read is *scattered*: a plan gives each row its position ``p`` in the
-pass (``-1``: in no shard); position ``p`` lies in shard ``s`` with ``offsets[s] <= p < offsets[s + 1]`` at
-slot ``p - offsets[s]``. :meth:`ShardScatter.add` sorts a block's rows by position and cuts them into one
-piece per shard; pieces wait in memory, or in the shard's spill file ``.spill-<s>`` (in the output's
-temporary folder) once the pending pieces exceed the budget. A shard is assembled (``index_copy_`` at its
-slots) and handed to ``complete`` as soon as its last row arrived.
+A shuffle that crosses the whole file (feed-forward rows, history windows) cannot be gathered shard by shard
+from a file larger than memory. Instead the source is streamed once per pass in blocks, and every item of a
+block is *scattered*: the plan gives each item its position ``p`` in the pass (``-1``: in no shard); ``p``
+lies in shard ``s`` with ``offsets[s] <= p < offsets[s + 1]``, at slot ``p - offsets[s]``.
+:meth:`ShardScatter.add` sorts a block's positions and cuts them into one piece per shard. A shard whose
+items all lie in the block is gathered straight into a lent buffer and completed (the in-memory case: one
+block holds everything); other pieces wait in memory, or in the shard's spill file ``.spill-<s>`` (in the
+output's temporary folder) once the pending pieces exceed the budget. A shard is assembled (``index_copy_``
+at its slots) and handed to ``complete`` as soon as its last item arrived.
 
-The result does not depend on the budget or on the blocks: every shard holds exactly its rows, in slot order.
+The result does not depend on the budget or on the blocks: every shard holds exactly its items, in slot order.
+:class:`Emitter` lends the buffers shards are assembled in and hands complete shards to the writer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
-from rolloutcli.core.batching import gather_rows, scatter_rows
+from rolloutcli.core.batching import BatchPlan, scatter_rows
 from rolloutcli.errors import EXIT_IO, RolloutError
+from rolloutcli.hdf5.shards import ShardWriter
+from rolloutcli.pipeline.progress import Progress
 
 Rows = dict[str, torch.Tensor]
+Take = Callable[[torch.Tensor, "Rows | None"], Rows]  # (item indices in the block, buffers or None) -> rows
 
 
 class RowField(Protocol):
@@ -57,8 +61,6 @@ class Spill:
 
     def __init__(self, folder: Path, fields: Sequence[RowField], budget: int) -> None:
         self.folder, self.fields, self.budget = folder, list(fields), budget
-        # Deleting a large file takes the file system a while: do it beside the work.
-        self.cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-spill")
         self.pending: dict[int, list[tuple[torch.Tensor, Rows]]] = {}
         self.chunks: dict[int, list[int]] = {}
         self.pending_bytes = 0
@@ -69,14 +71,14 @@ class Spill:
         return self.folder / f".spill-{shard:06d}"
 
     def add(self, shard: int, slots: torch.Tensor, rows: Rows) -> None:
-        """Keep ``rows {name: [k, ...]}`` destined for ``slots [k]`` of ``shard``."""
+        """Keep ``rows {name: [k, ...]}`` destined for ``slots [k]`` of ``shard``; spill past the budget."""
         self.pending.setdefault(shard, []).append((slots, rows))
         self.pending_bytes += slots.numel() * self.row_bytes
+        if self.pending_bytes > self.budget:
+            self._spill()
 
-    def spill_if_needed(self) -> None:
-        """Append every pending piece to its shard's spill file once they exceed the budget."""
-        if self.pending_bytes <= self.budget:
-            return
+    def _spill(self) -> None:
+        """Append every pending piece to its shard's spill file."""
         for shard, pieces in self.pending.items():
             try:
                 with open(self.path(shard), "ab") as handle:
@@ -108,21 +110,15 @@ class Spill:
                     rows[f.name] = part.view(f.dtype).view(count, *f.row_shape)
                     offset += width
                 pieces.append((data[: 8 * count].view(torch.int64), rows))
-        self.cleaner.submit(self.path(shard).unlink)
+        self.path(shard).unlink()
         return pieces
 
-    def close(self) -> None:
-        """Wait for the spill files to be deleted."""
-        self.cleaner.shutdown(wait=True)
-
-    def assemble(self, shard: int, size: int, out: Rows) -> Rows:
-        """The shard's rows in slot order, in ``out`` (``[size, ...]`` per field) unless they arrived in one
-        piece; its spill file is read and deleted."""
+    def assemble(self, shard: int, out: Rows) -> Rows:
+        """The shard's rows in slot order, in ``out`` (``[size, ...]`` per field); its spill file is read and
+        deleted."""
         pieces = self.pending.pop(shard, [])
         self.pending_bytes -= sum(slots.numel() for slots, _ in pieces) * self.row_bytes
         chunks = self.chunks.pop(shard, [])
-        if not chunks and len(pieces) == 1 and pieces[0][0].numel() == size:
-            return pieces[0][1]  # one piece, sorted by position: already in slot order
         pieces = (self._read_chunks(shard, chunks) if chunks else []) + pieces
         for slots, rows in pieces:
             for f in self.fields:
@@ -131,19 +127,19 @@ class Spill:
 
 
 class ShardScatter:
-    """One pass of the scatter: rows arrive in any order, shards leave complete, in slot order.
+    """One pass of the scatter: items arrive in any order, shards leave complete, in slot order.
 
     Args:
         folder: where spill files go (the output's temporary folder).
-        fields: the fields every row carries (``rows[f.name]`` is ``[k, *f.row_shape]`` of ``f.dtype``).
-        sizes: rows of each shard of the pass; shard ``s`` takes positions ``offsets[s] .. offsets[s + 1] - 1``.
-        budget: bytes of pending pieces kept in memory before they are spilled.
+        fields: the fields every item carries (``rows[f.name]`` is ``[k, *f.row_shape]`` of ``f.dtype``).
+        sizes: items of each shard of the pass; shard ``s`` takes positions ``offsets[s] .. offsets[s + 1] - 1``.
+        budget: bytes of pending pieces kept in memory before they are spilled; pieces are gathered in chunks
+            of at most an eighth of it.
         buffers: ``buffers(size)`` lends ``{name: [size, *row_shape]}`` tensors to assemble a shard into.
-        complete: ``complete(shard, rows)`` receives each shard once all its rows arrived (``rows`` may be a
+        complete: ``complete(shard, rows)`` receives each shard once all its items arrived (``rows`` is a
             lent buffer: use it before asking for the next one).
 
-    Use as a context manager (the spill files' deletion is awaited on exit); :meth:`finish` checks that
-    every planned row arrived exactly once.
+    :meth:`finish` checks that every planned item arrived exactly once.
     """
 
     def __init__(
@@ -163,39 +159,106 @@ class ShardScatter:
         self._offsets = torch.tensor(self.offsets, dtype=torch.int64)
         self.received = [0] * len(self.sizes)
         self.spill = Spill(folder, fields, max(budget, 1))
+        self.chunk = max(1, budget // 2 // max(self.spill.row_bytes, 1))
         self.buffers, self.complete = buffers, complete
 
-    def __enter__(self) -> ShardScatter:
-        return self
+    def add(self, positions: torch.Tensor | None, take: Take, *, order: torch.Tensor | None = None) -> None:
+        """Route a block's items to their shards: item ``i`` of the block goes to ``positions[i]`` (``-1``:
+        in no shard). ``take(index, out)`` gathers the items ``index`` of the block (into ``out`` when given).
 
-    def __exit__(self, *exc: object) -> None:
-        self.spill.close()
-
-    def add(self, positions: torch.Tensor, rows: Rows, *, ordered: bool = False) -> None:
-        """Route ``rows {name: [R, ...]}`` to positions ``[R]`` int64 (``-1``: the row is in no shard).
-
-        ``ordered=True`` promises ascending positions, all ``>= 0`` (the rows are then cut without a copy).
+        ``order`` instead of ``positions``: the block holds every item of the pass, item ``order[p]`` at
+        position ``p`` (no sort needed).
         """
-        if ordered:
-            sorted_pos, gathered = positions, rows
-        else:
+        if order is None:
+            assert positions is not None
             sorted_pos, order = torch.sort(positions)
-            kept = int(torch.searchsorted(sorted_pos, 0))  # -1 (rows in no shard) sort first
+            kept = int(torch.searchsorted(sorted_pos, 0))  # -1 (items in no shard) sort first
             sorted_pos, order = sorted_pos[kept:], order[kept:]
-            gathered = {name: gather_rows(value, order) for name, value in rows.items()}
+        else:
+            sorted_pos = torch.arange(order.numel(), dtype=torch.int64)
         bounds = torch.searchsorted(sorted_pos, self._offsets).tolist()
         for shard, size in enumerate(self.sizes):
             lo, hi = bounds[shard], bounds[shard + 1]
             if lo == hi:
                 continue
-            slots = sorted_pos[lo:hi] - self.offsets[shard]
-            self.spill.add(shard, slots, {name: value[lo:hi] for name, value in gathered.items()})
             self.received[shard] += hi - lo
+            if hi - lo == size:  # the whole shard in this block, sorted: slots 0 .. size - 1
+                self.complete(shard, take(order[lo:hi], self.buffers(size)))
+                continue
+            for start in range(lo, hi, self.chunk):
+                stop = min(hi, start + self.chunk)
+                self.spill.add(shard, sorted_pos[start:stop] - self.offsets[shard], take(order[start:stop], None))
             if self.received[shard] == size:
-                self.complete(shard, self.spill.assemble(shard, size, self.buffers(size)))
-        self.spill.spill_if_needed()
+                self.complete(shard, self.spill.assemble(shard, self.buffers(size)))
 
     def finish(self) -> None:
-        """Check that every planned row arrived exactly once (an internal error otherwise)."""
+        """Check that every planned item arrived exactly once (an internal error otherwise)."""
         if self.received != self.sizes:
             raise AssertionError(f"scatter: shards received {self.received} rows, planned {self.sizes}")
+
+
+class Emitter:
+    """Hands shards to the writer under their file names (named after the first epoch that uses them), and
+    lends the reused buffer sets that shards are gathered into.
+
+    Args:
+        plan: every epoch's mini-batches.
+        writer: where shards go.
+        fields: the gathered fields (buffers are ``[rows, *row_shape]`` per field).
+        progress: advanced once per shard.
+        shard_tensors: ``shard_tensors(pass_index, shard, rows)`` shapes one shard's gathered rows
+            ``{name: [rows, *row_shape]}`` into the datasets of its file.
+        buffer_sets: 2 (the writer writes one set while the next shard is gathered into the other) or 1
+            (streamed exports: the shard in flight is waited for first, to keep memory down).
+    """
+
+    def __init__(
+        self,
+        plan: BatchPlan,
+        writer: ShardWriter,
+        fields: Sequence[RowField],
+        progress: Progress,
+        shard_tensors: Callable[[int, int, Rows], Mapping[str, torch.Tensor]],
+        *,
+        buffer_sets: int = 2,
+    ) -> None:
+        self.plan, self.writer, self.fields, self.progress = plan, writer, fields, progress
+        self.shard_tensors = shard_tensors
+        self.largest = max(max(p.sizes) for p in plan.passes)
+        self.buffer_sets = buffer_sets
+        self._buffers: list[Rows] = []
+        self._count = 0
+
+    def file_name(self, pass_index: int, shard: int) -> str:
+        """``e<epoch>-b<mini-batch>.h5`` of the first epoch that uses the pass."""
+        return f"e{self.plan.epoch_pass.index(pass_index):04d}-b{shard:05d}.h5"
+
+    def buffers(self, size: int) -> Rows:
+        """``[size, *row_shape]`` views of the buffer set the next shard may use.
+
+        Reused memory is warm; a fresh allocation per shard costs page faults that take longer than the copy.
+        """
+        if not self._buffers:
+            self._buffers = [
+                {f.name: torch.empty(self.largest, *f.row_shape, dtype=f.dtype) for f in self.fields}
+                for _ in range(self.buffer_sets)
+            ]
+        if self.buffer_sets == 1:
+            self.writer.wait()
+        return {name: buffer[:size] for name, buffer in self._buffers[self._count % self.buffer_sets].items()}
+
+    def emit(self, pass_index: int, shard: int, rows: Rows) -> None:
+        """Shape and submit one shard (``rows {name: [size, *row_shape]}`` in slot order)."""
+        self.writer.submit(self.file_name(pass_index, shard), self.shard_tensors(pass_index, shard, rows))
+        self._count += 1
+        self.progress.advance()
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The manifest's shard list, in epoch then mini-batch order: ``{file, epoch, mini_batch, rows, sha256}``."""
+        out = []
+        for epoch, pass_index in enumerate(self.plan.epoch_pass):
+            for shard, size in enumerate(self.plan.passes[pass_index].sizes):
+                name = self.file_name(pass_index, shard)
+                entry = {"file": name, "epoch": epoch, "mini_batch": shard, "rows": size}
+                out.append({**entry, "sha256": self.writer.results[name][1]})
+        return out

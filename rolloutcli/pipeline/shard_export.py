@@ -1,10 +1,20 @@
-"""What every shard export shares (``batch`` in all its modes): fields, the emitter, the folder's life.
+"""The one shard export engine (``batch`` in every mode: feed-forward, recurrent, distillation, history).
+
+A mode is an :class:`ExportJob`: the fields it reads, its :class:`~rolloutcli.core.batching.BatchPlan` (the
+items of each shard in slot order; an item is named by a source row ``t * N + n``: a step for the per-step
+modes, the newest step of a window for history), how a block read from the source becomes items (``read``,
+``take``), how a shard's gathered items become its datasets (``shard_tensors``), and the mode's part of the
+manifest and summary. Adding a mode is one function that builds an ``ExportJob``.
+
+:func:`run_export` streams the source in blocks and scatters every block's items to their shards
+(:mod:`rolloutcli.pipeline.scatter`); a source that fits in half of ``--max-memory`` is one block (read once
+for every epoch, each shard gathered straight into a reused buffer). Blocks are rectangles of steps x envs
+(:func:`plan_blocks`), so one env longer than the budget streams along T too.
 
 * :class:`Field`: a source dataset and the row it contributes to a shard (dtype, per-row shape).
-* :class:`Emitter`: lends the reused buffers shards are gathered into, shapes a shard's rows into its
-  datasets (a callback per mode) and hands them to the :class:`~rolloutcli.hdf5.shards.ShardWriter` under
-  their file names; lists the manifest's shard entries.
-* :class:`ShardExport`: one torch thread, the source's content hash computed beside the export, the temporary
+* :class:`~rolloutcli.pipeline.scatter.Emitter`: lends the reused buffers shards are gathered into, hands
+  shards to the :class:`~rolloutcli.hdf5.shards.ShardWriter`; lists the manifest's entries.
+* :func:`shard_folder`: one torch thread, the source's content hash computed beside the export, the temporary
   folder published atomically (:func:`~rolloutcli.hdf5.atomic.atomic_folder`), the writer, the manifest last.
 """
 
@@ -12,24 +22,38 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import ExitStack
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import xxhash
 
 from rolloutcli.core.batching import BatchPlan
-from rolloutcli.errors import EXIT_IO, RolloutError
+from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.shards import Shapes, ShardWriter, is_shard_folder, write_manifest
-from rolloutcli.pipeline.progress import Progress
+from rolloutcli.hdf5.shards import (
+    COMPRESSIONS,
+    FORMAT_VERSION,
+    MANIFEST_FORMAT,
+    SHARD_FORMAT,
+    ShardWriter,
+    chunk_extents,
+    is_shard_folder,
+    write_manifest,
+)
+from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.progress import NoProgress, Progress
+from rolloutcli.pipeline.scatter import Emitter, ShardScatter
 
 Rows = dict[str, torch.Tensor]
+Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
 
 
 @dataclass(frozen=True)
@@ -52,11 +76,6 @@ class Field:
     row_shape: tuple[int, ...]
 
     @property
-    def numpy_dtype(self) -> np.dtype:
-        """The numpy dtype of ``dtype`` (the shards are written from numpy views)."""
-        return torch.empty(0, dtype=self.dtype).numpy().dtype
-
-    @property
     def hidden(self) -> bool:
         """``[T, layers, N, H]`` in the source; rows ``[layers, H]``."""
         return self.role == "hidden"
@@ -70,88 +89,14 @@ class Field:
         return count
 
 
-class Emitter:
-    """Hands shards to the writer under their file names (named after the first epoch that uses them), and
-    lends the reused buffer sets that shards are gathered into.
-
-    Args:
-        plan: every epoch's mini-batches.
-        writer: where shards go.
-        fields: the gathered fields (buffers are ``[rows, *row_shape]`` per field).
-        progress: advanced once per shard.
-        shard_tensors: ``shard_tensors(pass_index, shard, rows)`` shapes one shard's gathered rows
-            ``{name: [rows, *row_shape]}`` into the datasets of its file.
-        buffer_sets: 2 (the writer writes one set while the next shard is gathered into the other) or 1
-            (streamed exports: the shard in flight is waited for first, to keep memory down).
-    """
-
-    def __init__(
-        self,
-        plan: BatchPlan,
-        writer: ShardWriter,
-        fields: list[Field],
-        progress: Progress,
-        shard_tensors: Callable[[int, int, Rows], Mapping[str, torch.Tensor]],
-        *,
-        buffer_sets: int = 2,
-    ) -> None:
-        self.plan, self.writer, self.fields, self.progress = plan, writer, fields, progress
-        self.shard_tensors = shard_tensors
-        self.largest = max(max(p.sizes) for p in plan.passes)
-        self.buffer_sets = buffer_sets
-        self._buffers: list[Rows] = []
-        self._count = 0
-
-    def file_name(self, pass_index: int, shard: int) -> str:
-        """``e<epoch>-b<mini-batch>.h5`` of the first epoch that uses the pass."""
-        return f"e{self.plan.epoch_pass.index(pass_index):04d}-b{shard:05d}.h5"
-
-    def buffers(self, size: int) -> Rows:
-        """``[size, *row_shape]`` views of the buffer set the next shard may use.
-
-        Reused memory is warm; a fresh allocation per shard costs page faults that take longer than the copy.
-        """
-        if not self._buffers:
-            self._buffers = [
-                {f.name: torch.empty(self.largest, *f.row_shape, dtype=f.dtype) for f in self.fields}
-                for _ in range(self.buffer_sets)
-            ]
-        if self.buffer_sets == 1:
-            self.writer.wait()
-        return {name: buffer[:size] for name, buffer in self._buffers[self._count % self.buffer_sets].items()}
-
-    def prepare(self, layouts: Iterable[Shapes]) -> None:
-        """Build the writer's file layouts before any data is held (a layout's construction briefly takes
-        twice a shard's size)."""
-        for shapes in layouts:
-            self.writer.prepare(shapes)
-
-    def emit(self, pass_index: int, shard: int, rows: Rows) -> None:
-        """Shape and submit one shard (``rows {name: [size, *row_shape]}`` in slot order)."""
-        self.writer.submit(self.file_name(pass_index, shard), self.shard_tensors(pass_index, shard, rows))
-        self._count += 1
-        self.progress.advance()
-
-    def entries(self) -> list[dict[str, Any]]:
-        """The manifest's shard list, in epoch then mini-batch order: ``{file, epoch, mini_batch, rows, sha256}``."""
-        out = []
-        for epoch, pass_index in enumerate(self.plan.epoch_pass):
-            for shard, size in enumerate(self.plan.passes[pass_index].sizes):
-                name = self.file_name(pass_index, shard)
-                entry = {"file": name, "epoch": epoch, "mini_batch": shard, "rows": size}
-                out.append({**entry, "sha256": self.writer.results[name][1]})
-        return out
-
-
 SOURCE_HASH = "xxh3_128"  # the manifest's name for the source's content hash
 
 
-def _hash_file(path: Path, result: dict[str, str], stop: threading.Event) -> None:
+def _hash_file(path: Path, stop: threading.Event) -> str:
     """The source's content hash (XXH3, 128 bits), in a thread beside the export (xxhash releases the GIL).
 
-    Not sha256: the export is CPU-bound on two cores, and sha256 of the source (2 GB/s with SHA-NI) took
-    ~0.18 s of the ~0.5 s export of a 0.37 GB file; XXH3 hashes at ~33 GB/s here. The hash identifies the file
-    (``xxh128sum FILE`` prints the same digest); shard checksums stay sha256.
+    XXH3 rather than sha256: it identifies the file (``xxh128sum FILE`` prints the same digest) at a fraction
+    of sha256's cost, which the export would otherwise wait for; shard checksums stay sha256.
     """
     digest = xxhash.xxh3_128()
     try:
@@ -159,80 +104,41 @@ def _hash_file(path: Path, result: dict[str, str], stop: threading.Event) -> Non
             while not stop.is_set() and (chunk := handle.read(8 << 20)):
                 digest.update(chunk)
     except OSError as exc:
-        result["error"] = exc.strerror or str(exc)
-        return
-    result[SOURCE_HASH] = digest.hexdigest()
+        message = f"{path}: cannot read the file to hash it: {exc.strerror or exc}."
+        raise RolloutError(message, exit_code=EXIT_IO) from exc
+    return digest.hexdigest()
 
 
-class ShardExport:
-    """The life of one shard folder, as a context manager.
+@dataclass(frozen=True)
+class ShardFolder:
+    """An export's output while it is written: the temporary folder, its writer, the source's hash to come."""
 
-    Entering sets torch to one thread (the gathers are a small part of the work; an idle OpenMP worker
-    spinning on the second core slowed the hashing and writing threads 2-3x), starts hashing ``src`` in a
-    thread, creates the temporary folder :attr:`tmp` beside ``dst`` and opens :attr:`writer` on it. Call
-    :meth:`publish` with the manifest once every shard is submitted; leaving the block then renames the
-    folder into place. Leaving it by an exception removes the temporary folder (no ``dst`` appears).
-    """
+    tmp: Path
+    writer: ShardWriter
+    source_hash: Future[str]
 
-    def __init__(
-        self,
-        src: Path,
-        dst: Path,
-        attrs: Mapping[str, Any],
-        group_attrs: Mapping[str, Mapping[str, Any]] | None = None,
-        *,
-        compression: str | None = None,
-        overwrite: bool = False,
-    ) -> None:
-        self.src, self.dst = Path(src), Path(dst)
-        self.attrs, self.group_attrs = attrs, group_attrs or {}
-        self.compression, self.overwrite = compression, overwrite
-        self._hash: dict[str, str] = {}
-        self._stop = threading.Event()
-        self._hasher = threading.Thread(target=_hash_file, args=(self.src, self._hash, self._stop), daemon=True)
-        self._stack = ExitStack()
-        self.tmp = Path()
-        self.writer: ShardWriter
 
-    def __enter__(self) -> ShardExport:
-        with ExitStack() as stack:
-            stack.callback(torch.set_num_threads, torch.get_num_threads())
-            torch.set_num_threads(1)
-            stack.callback(self._stop.set)
-            self._hasher.start()
-            folder = atomic_folder(self.dst, inputs=[self.src], overwrite=self.overwrite, owned=is_shard_folder)
-            self.tmp = stack.enter_context(folder)
-            self.writer = stack.enter_context(
-                ShardWriter(self.tmp, self.attrs, self.group_attrs, compression=self.compression, label=self.dst)
-            )
-            self._stack = stack.pop_all()
-        return self
-
-    def __exit__(self, *exc: Any) -> bool | None:
-        return self._stack.__exit__(*exc)
-
-    def source_hash(self) -> str:
-        """Wait for every shard to be written and for the source's content hash; return it.
-
-        Raises:
-            RolloutError: the source could not be read to hash it (exit 3), or a shard failed to write.
-        """
-        self.writer.wait_all()
-        self._hasher.join()
-        if SOURCE_HASH not in self._hash:
-            reason = self._hash.get("error")
-            raise RolloutError(f"{self.src}: cannot read the file to hash it: {reason}.", exit_code=EXIT_IO)
-        return self._hash[SOURCE_HASH]
-
-    def publish(self, manifest: Mapping[str, Any]) -> None:
-        """Write ``manifest.json`` (last: a folder with a manifest is complete)."""
-        self.writer.wait_all()
-        write_manifest(self.tmp, manifest)
-
-    @property
-    def bytes_written(self) -> int:
-        """Bytes of every shard file written so far."""
-        return sum(size for size, _ in self.writer.results.values())
+@contextmanager
+def shard_folder(src: Path, dst: Path, attrs: dict[str, Any], job: ExportJob, overwrite: bool) -> Iterator[ShardFolder]:
+    """The life of one shard folder: torch on one thread (the gathers are a small part of the work, and idle
+    OpenMP workers spinning would compete with the hashing and writing threads), ``src`` hashed in a thread,
+    shards written into a temporary folder beside ``dst``, renamed into place when the block ends normally
+    (write the manifest last, inside it); removed when it ends by an exception (no ``dst`` appears)."""
+    threads, stop = torch.get_num_threads(), threading.Event()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-xxh3") as hasher:
+            try:
+                digest = hasher.submit(_hash_file, src, stop)
+                with (
+                    atomic_folder(dst, inputs=[src], overwrite=overwrite, owned=is_shard_folder) as tmp,
+                    ShardWriter(tmp, attrs, job.group_attrs, compression=job.compression, label=dst) as writer,
+                ):
+                    yield ShardFolder(tmp, writer, digest)
+            finally:
+                stop.set()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def source_record(reader: RolloutReader, content_hash: str) -> dict[str, Any]:
@@ -260,3 +166,183 @@ def gae_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
 def field_records(fields: Iterable[Field]) -> dict[str, dict[str, Any]]:
     """The manifest's ``fields``: each shard dataset's dtype and per-row shape."""
     return {f.name: {"dtype": str(f.dtype).removeprefix("torch."), "row_shape": list(f.row_shape)} for f in fields}
+
+
+@dataclass
+class ExportJob:
+    """One mode of the export (see the module docstring).
+
+    Attributes:
+        mode: the manifest's and the shards' ``mode``.
+        fields: the gathered fields (``rows[f.name]`` is ``[items, *f.row_shape]``).
+        plan: every epoch's shards; a pass's ``rows`` name items by source row ``t * N + n``.
+        read: ``read(reader, field, block)`` reads a block of a field as ``take`` expects it.
+        take: ``take(block, data, index, out)`` gathers items ``index`` (``t * n + j`` within the block) of
+            the block's data ``{name: read(...)}`` into ``out`` (``{name: [len(index), *row_shape]}``) or new
+            tensors.
+        shard_tensors: ``shard_tensors(pass_index, shard, rows)``: a shard's datasets from its items.
+        read_bytes: bytes read per source row ``(t, n)`` over every field (sizes the blocks).
+        env_major: prefer env blocks (a shard's items lie in few envs, so shards complete as blocks pass).
+        attrs: the mode's root attributes of every shard (after ``rolloutcli_format``, ``format_version``, ``mode``).
+        manifest: the mode's manifest entries (after ``source``, before ``fields``).
+        summary: the mode's summary entries.
+        label: the progress bar's label.
+    """
+
+    mode: str
+    fields: list[Field]
+    plan: BatchPlan
+    read: Callable[[RolloutReader, Field, Block], torch.Tensor]
+    take: Callable[[Block, Rows, torch.Tensor, Rows | None], Rows]
+    shard_tensors: Callable[[int, int, Rows], Mapping[str, torch.Tensor]]
+    read_bytes: int
+    env_major: bool = False
+    attrs: dict[str, Any] = field(default_factory=dict)
+    group_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    compression: str | None = None
+    manifest: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    label: str = "batch"
+
+
+def usage(message: str) -> RolloutError:
+    """A usage error (exit 2)."""
+    return RolloutError(message, exit_code=EXIT_USAGE)
+
+
+def check_export_options(num_mini_batches: int, epochs: int, compression: str | None) -> None:
+    """The options every export mode shares (usage errors, before the source is opened)."""
+    if num_mini_batches < 1:
+        raise usage(f"--num-mini-batches: expected an integer >= 1, found {num_mini_batches}.")
+    if epochs < 1:
+        raise usage(f"--epochs: expected an integer >= 1, found {epochs}.")
+    if compression not in (None, *COMPRESSIONS):
+        raise usage(f"--compression: expected lzf or gzip, found '{compression}'.")
+
+
+def _size(nbytes: int) -> str:
+    """``nbytes`` rounded up to whole K, M or G (as ``--max-memory`` takes them)."""
+    for unit, shift in (("G", 30), ("M", 20)):
+        if nbytes > 1 << shift:
+            return f"{-(-nbytes >> shift)}{unit}"
+    return f"{-(-nbytes >> 10)}K"
+
+
+def plan_blocks(reader: RolloutReader, job: ExportJob, budget: int) -> list[Block]:
+    """The blocks to read: one when the source fits in half of ``budget``, else blocks of an eighth of it.
+
+    Step blocks over every env when no field is chunked by env (a time block of a ``[T, N, ...]`` dataset is
+    one contiguous region); env blocks for ``env_major`` modes and files chunked by env. An env longer than
+    a block is cut along T, in whole chunks where a chunk fits. A chunk larger than half the budget cannot be
+    read within it: refused before any data is read.
+
+    Raises:
+        RolloutError: (exit 2) the budget is below twice the largest chunk; the message names the budget needed.
+    """
+    T, N, row = reader.T, reader.N, max(job.read_bytes, 1)
+    extents = [chunk_extents(reader, f.source) for f in job.fields]
+    largest_chunk = max((e[2] for e in extents if e is not None), default=0)
+    if 2 * largest_chunk > budget:
+        raise usage(
+            f"--max-memory: {job.label} reads whole chunks of {reader.path} (up to {largest_chunk} bytes each); "
+            f"expected a budget of at least {_size(2 * largest_chunk)}, found {budget} bytes. Raise --max-memory."
+        )
+    if T * N * row <= budget // 2:
+        return [(0, T, 0, N)]
+    target = max(budget // 8, 1)
+    along = max((e[0] for e in extents if e is not None), default=1)
+
+    def steps_of(envs: int) -> int:  # steps of ``envs`` envs that fit a block, whole chunks where one fits
+        steps = max(1, target // (envs * row))
+        return steps - steps % along if steps >= along else steps
+
+    if not job.env_major and all(e is None or e[1] >= N for e in extents):
+        steps = steps_of(N)
+        return [(t, min(T, t + steps), 0, N) for t in range(0, T, steps)]
+    envs = max(1, target // (T * row))
+    if envs > 1 or T * row <= target:
+        return [(0, T, n, min(N, n + envs)) for n in range(0, N, envs)]
+    steps = steps_of(1)
+    return [(t, min(T, t + steps), n, n + 1) for n in range(N) for t in range(0, T, steps)]
+
+
+def _export_passes(
+    reader: RolloutReader, job: ExportJob, emitter: Emitter, folder: Path, blocks: list[Block], budget: int
+) -> None:
+    """Per pass, read each block (a single block once for every pass) and scatter its items to their shards."""
+    T, N = reader.T, reader.N
+    whole = blocks == [(0, T, 0, N)]
+    cached: Rows | None = None
+    for pass_index, plan in enumerate(job.plan.passes):
+        positions = None if whole else plan.positions(T * N).view(T, N)
+        complete = partial(emitter.emit, pass_index)
+        out = ShardScatter(folder, job.fields, plan.sizes, budget // 4, buffers=emitter.buffers, complete=complete)
+        for block in blocks:
+            data = cached or {f.name: job.read(reader, f, block) for f in job.fields}
+            take = partial(job.take, block, data)
+            if whole:
+                cached = data
+                out.add(None, take, order=plan.rows)
+            else:
+                t0, t1, n0, n1 = block
+                assert positions is not None
+                out.add(positions[t0:t1, n0:n1].reshape(-1), take)
+            del data, take
+            emitter.progress.advance()
+        out.finish()
+
+
+def run_export(
+    src: Path,
+    dst: Path,
+    prepare: Callable[[RolloutReader], ExportJob],
+    run: RunOptions,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Write the shard folder ``dst`` from the rollout file ``src``; return a summary dict.
+
+    ``prepare(reader)`` checks the source against the mode's options and builds its :class:`ExportJob`.
+    """
+    progress = progress or NoProgress()
+    started = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
+        job = prepare(reader)
+        blocks = plan_blocks(reader, job, run.max_memory)
+        streamed = reader.T * reader.N * job.read_bytes > run.max_memory // 2
+        passes = job.plan.passes
+        try:
+            attrs = {"rolloutcli_format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode, **job.attrs}
+            with shard_folder(src, dst, attrs, job, overwrite) as out:
+                emitter = Emitter(
+                    job.plan, out.writer, job.fields, progress, job.shard_tensors, buffer_sets=1 if streamed else 2
+                )
+                progress.start(job.label, sum(len(p.sizes) for p in passes) + len(passes) * len(blocks))
+                _export_passes(reader, job, emitter, out.tmp, blocks, run.max_memory)
+                out.writer.wait_all()
+                entries = emitter.entries()  # every shard's hash is known now
+                head = {"format": MANIFEST_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode}
+                source = source_record(reader, out.source_hash.result())
+                fields = field_records(job.fields)
+                write_manifest(out.tmp, {**head, "source": source, **job.manifest, "fields": fields, "shards": entries})
+        finally:
+            progress.finish()
+    seconds = time.perf_counter() - started
+    written = sum(size for size, _ in out.writer.results.values())
+    return {
+        "input": str(src),
+        "output": str(dst),
+        "mode": job.mode,
+        "T": source["T"],
+        "N": source["N"],
+        **job.summary,
+        "files": len(out.writer.results),
+        "entries": len(entries),
+        "bytes_written": written,
+        "streamed": streamed,
+        "blocks": len(blocks),
+        "seconds": seconds,
+        "gb_per_s": written / seconds / 1e9 if seconds > 0 else None,
+    }
