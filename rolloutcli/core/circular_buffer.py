@@ -31,8 +31,8 @@ import torch
 
 BatchIds = Sequence[int] | slice | torch.Tensor | None
 
-# Resets between two appends are remembered as index objects: the next append then writes only those
-# environments' histories. Beyond this many it makes one torch.where pass over the whole buffer instead.
+# Resets between two appends are kept as index objects, so the next append writes only those histories; past
+# this many it makes one torch.where pass over the whole buffer instead.
 _MAX_PENDING_FILLS = 8
 
 
@@ -250,35 +250,20 @@ class CircularBuffer:
     ) -> Iterator[Any]:
         """Draw (history index, environment) pairs once, then yield them in mini-batches for several epochs.
 
-        Eligible pairs are each environment's newest ``min(window, current_length)`` entries (``window``, at
-        least ``fetch_length <= max_length``, defaults to it; ``window=max_length`` draws from the whole
-        history, as AMP replay does); entries an environment does not hold, such as the fill copies after a
-        reset, are never drawn. From the ``E`` eligible pairs ``n = min(batch_size * fetch_length, E)`` distinct
-        ones are drawn uniformly without replacement (``generator``: on the buffer's device, None for torch's
-        default) and copied at call time. Each of ``num_epochs`` epochs yields them once, in a fresh random
-        order, as ``num_mini_batches`` mini-batches whose sizes differ by at most one (the first
-        ``n % num_mini_batches`` hold one more): ``[size, *entry_shape]`` tensors, or with ``return_indices``
-        ``(batch, steps_back, env_ids)`` where ``batch[j] == buffer[env_ids[j], max_length - 1 - steps_back[j]]``.
-
-        Arguments are checked at call time (RuntimeError before any append, ValueError out of range, with no
-        history, or with fewer pairs than mini-batches). Synchronises once per call, to learn ``E``.
+        Eligible pairs are each environment's newest ``min(window, current_length)`` entries (``window >=
+        fetch_length``, default ``fetch_length``; ``window=max_length`` draws from the whole history, as AMP
+        replay does); fill copies after a reset are never drawn. From the ``E`` eligible pairs
+        ``n = min(batch_size * fetch_length, E)`` distinct ones are drawn uniformly without replacement (with
+        ``generator``, on the buffer's device) and copied at call time. Each epoch yields them once, in a fresh
+        random order, as ``num_mini_batches`` mini-batches whose sizes differ by at most one (the first
+        ``n % num_mini_batches`` hold one more): ``[size, *entry_shape]``, or with ``return_indices``
+        ``(batch, steps_back, env_ids)``, ``batch[j] == buffer[env_ids[j], max_length - 1 - steps_back[j]]``.
+        Arguments are checked at call time. Synchronises once per call, to learn ``E``.
         """
         storage = self._require_data("sample mini-batches")
-        fetch_length = _positive_int(fetch_length, "fetch_length")
-        num_mini_batches = _positive_int(num_mini_batches, "num_mini_batches")
-        num_epochs = operator.index(num_epochs)
-        if num_epochs < 0:
-            raise ValueError(f"num_epochs must be >= 0, got {num_epochs}.")
-        if fetch_length > self._max_len:
-            raise ValueError(
-                f"fetch_length {fetch_length} exceeds the history this buffer can hold (max_length "
-                f"{self._max_len}). Use fetch_length <= {self._max_len} or a longer buffer."
-            )
-        window = fetch_length if window is None else _positive_int(window, "window")
-        if window < fetch_length:
-            raise ValueError(f"window ({window}) must be at least fetch_length ({fetch_length}).")
-        if generator is not None and generator.device.type != self._device.type:
-            raise ValueError(f"generator is on {generator.device}, the buffer on {self._device}; use one device.")
+        fetch_length, num_mini_batches, num_epochs, window = self._check_sampling(
+            fetch_length, num_mini_batches, num_epochs, window, generator
+        )
         depth = min(window, self._max_len)
         limit = self._num_pushes.clamp(max=depth)  # [batch] eligible entries per environment
         eligible = (torch.arange(depth, device=self._device).unsqueeze(1) < limit).flatten()  # (k, b): k * batch + b
@@ -310,6 +295,27 @@ class CircularBuffer:
 
         return epochs()
 
+    def _check_sampling(
+        self, fetch_length: int, num_mini_batches: int, num_epochs: int, window: int | None, generator: Any
+    ) -> tuple[int, int, int, int]:
+        """The arguments of :meth:`mini_batch_generator` as ints, after checking their ranges."""
+        fetch_length = _positive_int(fetch_length, "fetch_length")
+        num_mini_batches = _positive_int(num_mini_batches, "num_mini_batches")
+        num_epochs = operator.index(num_epochs)
+        if num_epochs < 0:
+            raise ValueError(f"num_epochs must be >= 0, got {num_epochs}.")
+        if fetch_length > self._max_len:
+            raise ValueError(
+                f"fetch_length {fetch_length} exceeds the history this buffer can hold (max_length "
+                f"{self._max_len}). Use fetch_length <= {self._max_len} or a longer buffer."
+            )
+        window = fetch_length if window is None else _positive_int(window, "window")
+        if window < fetch_length:
+            raise ValueError(f"window ({window}) must be at least fetch_length ({fetch_length}).")
+        if generator is not None and generator.device.type != self._device.type:
+            raise ValueError(f"generator is on {generator.device}, the buffer on {self._device}; use one device.")
+        return fetch_length, num_mini_batches, num_epochs, window
+
     def state_dict(self) -> dict[str, Any]:
         """The state as copies on the buffer's device: ``max_length``, ``batch_size``, ``pointer`` (storage slot of
         the newest entry), ``num_pushes [batch]`` int64 and ``data [max_length, batch, ...]`` in storage order
@@ -328,8 +334,7 @@ class CircularBuffer:
         The entry shape and dtype become those of ``state["data"]``. Raises ValueError or TypeError for a state
         that does not fit this buffer; validation reads ``num_pushes`` on the host (one synchronisation).
         """
-        missing = {"max_length", "batch_size", "pointer", "num_pushes", "data"} - set(state)
-        if missing:
+        if missing := {"max_length", "batch_size", "pointer", "num_pushes", "data"} - set(state):
             raise ValueError(f"state_dict is missing {sorted(missing)}.")
         for name, mine in (("max_length", self._max_len), ("batch_size", self._batch_size)):
             if operator.index(state[name]) != mine:
