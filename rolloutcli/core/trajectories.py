@@ -67,9 +67,6 @@ class TrajectoryPlan:
         return torch.arange(self.padded_length, device=self.index.device).unsqueeze(1) < self.length
 
 
-# ------------------------------------------------------------------------------------------------------ plans
-
-
 def _done_flags(dones: torch.Tensor, max_length: int | None) -> torch.Tensor:
     """``[T, N]`` or ``[T, N, 1]`` dones of any dtype -> ``[T, N]`` bool (nonzero = done, as RSL-RL's nonzero)."""
     if max_length is not None and (isinstance(max_length, bool) or int(max_length) != max_length or max_length < 1):
@@ -217,16 +214,18 @@ def scatter_into_trajectories(
             f"{plan.num_steps, plan.num_envs} on {plan.index.device}"
         )
     shape = (plan.padded_length, plan.num_trajectories, *x.shape[2:])
+    if out is None and x.requires_grad:  # a tensor of its own, so that autograd records one index_copy_
+        rows = torch.zeros(plan.padded_length * plan.num_trajectories, *x.shape[2:], dtype=x.dtype, device=x.device)
+        return rows.index_copy_(0, plan.index, x.reshape(plan.index.numel(), *x.shape[2:])).view(shape)
     if out is None:
         out = padded_zeros(shape, x.dtype, x.device)
-    else:
-        if tuple(out.shape) != shape or out.dtype != x.dtype or not out.is_contiguous() or out.device != x.device:
-            raise ValueError(
-                f"out must be a contiguous {x.dtype} tensor of shape {shape} on {x.device}, "
-                f"got {out.dtype} {tuple(out.shape)} on {out.device}"
-            )
-        if zero:
-            out.zero_()
+    elif tuple(out.shape) != shape or out.dtype != x.dtype or not out.is_contiguous() or out.device != x.device:
+        raise ValueError(
+            f"out must be a contiguous {x.dtype} tensor of shape {shape} on {x.device}, "
+            f"got {out.dtype} {tuple(out.shape)} on {out.device}"
+        )
+    elif zero:
+        out.zero_()
     if out.numel():
         dst, src = _rows((out, plan.padded_length * plan.num_trajectories), (x, plan.index.numel()))
         dst.index_copy_(0, plan.index, src)
