@@ -630,3 +630,16 @@ def test_large_fresh_output_is_zero_padded_and_outlives_its_call() -> None:
     expected, expected_masks = rsl_split(x, dones)
     assert torch.equal(padded, expected) and torch.equal(masks, expected_masks)
     assert padded[~masks].abs().sum() == 0
+
+
+def test_large_output_with_gradient_backpropagates_through_one_index_copy() -> None:
+    """A large output that needs a gradient is a tensor of its own: no as_strided backward (slow) through a view."""
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(24, 2048, 48, generator=generator).requires_grad_(True)
+    dones = torch.rand(24, 2048, generator=generator) < 0.2
+    padded, masks = split_and_pad_trajectories(x, dones)
+    assert padded.numel() * 4 > 4 << 20
+    assert "AsStrided" not in type(padded.grad_fn).__name__
+    weight = torch.randn(padded.shape, generator=generator)
+    (padded * weight).sum().backward()
+    assert_bits_equal(x.grad, unpad_trajectories(weight, masks))
