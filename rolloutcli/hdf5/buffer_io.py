@@ -54,9 +54,8 @@ def _to_numpy(data: torch.Tensor) -> tuple[np.ndarray, bool]:
 def save_buffer_state(state: dict[str, Any], path: Path, *, overwrite: bool = False) -> None:
     """Write a ``CircularBuffer.state_dict()`` (tensors on any device) to ``path`` as HDF5, atomically.
 
-    Raises:
-        RolloutError: ``path`` exists without ``overwrite`` (exit 2), is one of the refused destinations of
-            :func:`~rolloutcli.hdf5.atomic.check_output_path`, or cannot be written (exit 3).
+    Raises ``RolloutError``: ``path`` exists without ``overwrite`` (exit 2), is a destination that
+    :func:`~rolloutcli.hdf5.atomic.check_output_path` refuses, or cannot be written (exit 3).
     """
     path = Path(path)
     num_pushes = state["num_pushes"].detach().to("cpu", torch.int64).numpy()
@@ -81,19 +80,11 @@ def save_buffer_state(state: dict[str, Any], path: Path, *, overwrite: bool = Fa
 def load_buffer_state(path: Path, *, max_memory: int | None = None, allow_external: bool = False) -> dict[str, Any]:
     """Read and validate a file written by :func:`save_buffer_state`, as safely as the commands read theirs.
 
-    Args:
-        path: The buffer file.
-        max_memory: Largest state (``num_pushes`` and ``data`` once loaded) to read, in bytes; None for the
-            commands' default budget.
-        allow_external: Trust links, external storage and virtual datasets (``--allow-external``).
-
-    Returns:
-        A state dict for ``CircularBuffer.load_state_dict`` with CPU tensors: ``num_pushes [batch]`` int64 and
-        ``data [max_length, batch, *entry_shape]`` (or None).
-
-    Raises:
-        RolloutError: Not a readable regular file (exit 3), not HDF5 or corrupt (exit 1), unsafe (exit 4), not a
-            valid buffer state (exit 1, every problem found listed), larger than ``max_memory`` (exit 3).
+    ``max_memory``: the largest state (``num_pushes`` and ``data`` once loaded) to read, in bytes (None: the
+    commands' default budget). ``allow_external``: trust what ``--allow-external`` trusts. Returns a state for
+    ``CircularBuffer.load_state_dict`` with CPU tensors. Raises ``RolloutError``: not a readable regular file
+    (exit 3), not HDF5, corrupt or not a valid state (exit 1, every problem listed), unsafe (exit 4), larger
+    than ``max_memory`` (exit 3).
     """
     path = Path(path)
     max_memory = DEFAULT_MAX_MEMORY if max_memory is None else max_memory
@@ -121,13 +112,7 @@ def load_buffer_state(path: Path, *, max_memory: int | None = None, allow_extern
         )
     if problems:
         raise RolloutError.many(path, problems)
-    return {
-        "max_length": max_length,
-        "batch_size": batch_size,
-        "pointer": pointer,
-        "num_pushes": num_pushes,
-        "data": values,
-    }
+    return dict(max_length=max_length, batch_size=batch_size, pointer=pointer, num_pushes=num_pushes, data=values)
 
 
 def _read_attrs(handle: h5py.File, path: Path) -> tuple[int, int, int]:
