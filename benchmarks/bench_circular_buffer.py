@@ -1,10 +1,12 @@
 """CircularBuffer throughput: appends/s and reads/s (default batch 4096, entry [48], max_len 10, CPU).
 
-Run: ``python benchmarks/bench_circular_buffer.py [--batch 4096] [--dim 48] [--max-len 10] [--device cpu]``.
+Run: ``python benchmarks/bench_circular_buffer.py [--batch 4096] [--dim 48] [--max-len 10] [--device cpu]``;
+``--quick`` for a smoke run (short timings).
 
 Cases:
 * ``append`` — steady state (no env reset since the last append): one [batch, dim] copy.
-* ``append + reset 2%`` — ``reset(ids)`` of 2% of the envs then ``append``: zero + fill only those envs.
+* ``append + reset 2%`` — ``reset(ids)`` of 2% of the envs then ``append``: zero + fill only those envs
+  (the remembered reset indices; compare with the ``torch.where`` fill below, which the buffer falls back to).
 * ``append after load_state_dict`` — the ``torch.where`` fill over the whole history.
 * ``getitem`` — ``buffer[key]`` with random keys in [0, max_len).
 * ``buffer`` — the [batch, max_len, dim] oldest-to-newest copy.
@@ -61,13 +63,15 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=10)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: short timings")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     batch, dim, max_len = args.batch, args.dim, args.max_len
     entry_bytes = batch * dim * 4
-    bandwidth = measure_bandwidth(0.25) if device.type == "cpu" else None
+    bandwidth = measure_bandwidth(0.25) if device.type == "cpu" and not args.quick else None
+    timing = (0.02, 1) if args.quick else (0.5, 5)  # seconds per timed run, runs
 
     gen = torch.Generator(device=device).manual_seed(0)
     data = torch.randn(batch, dim, device=device, generator=gen)
@@ -108,11 +112,11 @@ def main() -> None:
         print(f"streaming bandwidth: {bandwidth / 1e9:.1f} GB/s")
     print(f"{'case':32s} {'calls/s':>12s} {'us/call':>10s} {'x of bound':>11s}")
     for name, fn, moved in cases:
-        calls = rate(fn, device)
+        calls = rate(fn, device, *timing)
         bound = f"{bandwidth / moved / calls:11.1f}" if bandwidth else f"{'-':>11s}"
         print(f"{name:32s} {calls:12,.0f} {1e6 / calls:10.1f} {bound}")
     # The where-fill path: time (load_state_dict + append) minus load_state_dict alone.
-    both, load = rate(append_after_load, device), rate(reload_only, device)
+    both, load = rate(append_after_load, device, *timing), rate(reload_only, device, *timing)
     extra_us = max(0.0, 1e6 / both - 1e6 / load)
     print(f"{'append after load_state_dict':32s} {'':>12s} {extra_us:10.1f} {'(where fill)':>11s}")
 

@@ -3,7 +3,7 @@
 Observations ``[T, N, 48]`` float32, dones drawn at a fixed episode end rate. For each shape:
 
 - ``rsl``: ``rsl_rl.utils.split_and_pad_trajectories`` (fresh output; skipped when its output would pass
-  ~6 GB, which this machine cannot hold next to ours);
+  6 GB, so that both outputs fit in memory);
 - ``fresh``: ``rolloutcli...split_and_pad_trajectories`` (plan + fresh zeroed output + masks), same output;
 - ``reuse``: ``scatter_into_trajectories`` into a preallocated buffer with ``zero=True`` (memset + scatter);
 - ``reuse+clear``: ``zero=False`` scatter then ``clear_trajectories`` (the streaming steady state: only the
@@ -11,24 +11,19 @@ Observations ``[T, N, 48]`` float32, dones drawn at a fixed episode end rate. Fo
 - ``plan``: ``plan_trajectories`` alone (paid once per block, shared by every field).
 
 Also the ``longest`` layout (L = longest trajectory), which needs far less memory at high end rates.
-The host is shared and timings drift; every time is the minimum over interleaved rounds, and ratios come from
-the same run. Fresh outputs pay first-touch page faults (slow in this VM: ~2.5 GB/s); ``--thp`` asks torch for
-transparent huge pages, which cuts that cost for RSL-RL and rolloutcli alike.
-Run: ``python benchmarks/bench_split.py [--rounds 3] [--thp]``.
+Every time is the minimum over interleaved rounds, and ratios come from the same run. The floor of issue 11
+(split API at 24 x 4096 at least 4x RSL-RL's) is printed last.
+Run: ``python benchmarks/bench_split.py [--rounds 3]``; ``--quick`` for a smoke run (24 x 4096 only, 1 round).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-if "--thp" in sys.argv:
-    # torch's CPU allocator reads this once, at its first large allocation: it must be set before that.
-    os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
 
 import torch
 from _bandwidth import best_time, measure_bandwidth
@@ -140,16 +135,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each time is the min over them")
     parser.add_argument("--skip-large", action="store_true", help="only the small shapes")
-    parser.add_argument(
-        "--thp",
-        action="store_true",
-        help="THP_MEM_ALLOC_ENABLE=1: transparent huge pages for torch's large CPU allocations (fewer page faults)",
-    )
+    parser.add_argument("--quick", action="store_true", help="smoke run: 24 x 4096 only, one round")
     args = parser.parse_args()
 
-    thp = os.environ.get("THP_MEM_ALLOC_ENABLE", "0")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, obs {FEATURES} float32")
-    print(f"THP_MEM_ALLOC_ENABLE={thp}")
+    if args.quick:
+        print(floor_ratio(rounds=1, repeats=2))
+        return
     print(f"streaming bandwidth (read + write): {measure_bandwidth() / 1e9:.1f} GB/s")
     if not args.skip_large:
         print()
@@ -166,6 +158,22 @@ def main() -> None:
     print("|---|---|---|---|")
     for shape in SMALL:
         print(bench_small(*shape, rounds=args.rounds), flush=True)
+    print()
+    print(floor_ratio(rounds=args.rounds, repeats=5))
+
+
+def floor_ratio(rounds: int, repeats: int) -> str:
+    """Issue 11's floor: the split API at 24 x 4096 (both end rates) against RSL-RL's, at least 4x."""
+    parts = []
+    for one_in in (50, 5):
+        x, dones = make_case(24, 4096, one_in)
+        fns = {
+            "rsl": lambda x=x, dones=dones: rsl_split(x, dones),
+            "ours": lambda x=x, dones=dones: split_and_pad_trajectories(x, dones),
+        }
+        t = interleaved_min(fns, rounds, repeats)
+        parts.append(f"1/{one_in}: {t['rsl'] / t['ours']:.1f}x")
+    return "split API at 24 x 4096, RSL-RL time / rolloutcli time (floor 4x): " + ", ".join(parts)
 
 
 if __name__ == "__main__":

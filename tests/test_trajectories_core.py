@@ -14,7 +14,6 @@ from tensordict import TensorDict
 from rolloutcli.core.trajectories import (
     TrajectorySpans,
     clear_trajectories,
-    gather_from_trajectories,
     hidden_states_at_starts,
     plan_trajectories,
     scatter_into_trajectories,
@@ -156,7 +155,7 @@ def test_bool_field() -> None:
 
 
 def test_non_contiguous_and_misaligned_fields() -> None:
-    # Large enough (> 64 KiB out) for the wide-row copy; strided or 4-byte-offset sources must fall back.
+    # Rows are moved as the widest integer that tiles them: strided or 4-byte-offset sources take narrower ones.
     dones = random_dones(40, 50, 0.3, seed=9)
     wide = random_field((40, 50, 10), torch.float32, seed=10)
     flat = random_field((40 * 50 * 8 + 1,), torch.float32, seed=11)
@@ -393,7 +392,7 @@ def test_plan_reused_for_many_fields_and_buffers() -> None:
         out = trajectory_buffer_view(buffer, plan, (5,))
         assert_bits_equal(scatter_into_trajectories(x, plan, out), expected)
         assert_bits_equal(plan.masks(), expected_masks)
-        assert_bits_equal(gather_from_trajectories(out, plan), x)
+        assert_bits_equal(unpad_with_spans(out, plan.spans, 20, 8), x)
         clear_trajectories(out, plan)
         assert not bool(out.any())
         # After clear, zero=False is enough.
@@ -401,14 +400,11 @@ def test_plan_reused_for_many_fields_and_buffers() -> None:
         clear_trajectories(out, plan)
 
 
-def test_gather_into_out_and_spans_unpad() -> None:
+def test_spans_unpad() -> None:
     dones = random_dones(15, 7, 0.2, seed=53)
     x = random_field((15, 7, 3), torch.float16, seed=54)
     plan = plan_trajectories(dones, max_length=4, pad_to=4)
     padded = scatter_into_trajectories(x, plan)
-    out = torch.empty(15, 7, 3, dtype=torch.float16)
-    assert gather_from_trajectories(padded, plan, out) is out
-    assert_bits_equal(out, x)
     assert_bits_equal(unpad_with_spans(padded, plan.spans, 15, 7), x)
     assert_bits_equal(unpad_trajectories(padded, plan.masks(), num_steps=15), x)
 
@@ -429,6 +425,8 @@ def test_errors() -> None:
     with pytest.raises(ValueError, match="pad_to"):
         plan_trajectories(dones, pad_to="shortest")  # type: ignore[arg-type]
     plan = plan_trajectories(dones)
+    with pytest.raises(ValueError, match="does not start with"):
+        scatter_into_trajectories(x[:, :2], plan)
     with pytest.raises(ValueError, match="out must be"):
         scatter_into_trajectories(x, plan, torch.zeros(6, plan.num_trajectories, 3))
     with pytest.raises(ValueError, match="spans cover"):
@@ -443,6 +441,102 @@ def test_lazy_exports() -> None:
     assert rolloutcli.split_and_pad_trajectories is split_and_pad_trajectories
     assert rolloutcli.unpad_trajectories is unpad_trajectories
     assert rolloutcli.trajectory_spans is trajectory_spans
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Autograd: RSL-RL users split and unpad inside a loss
+# --------------------------------------------------------------------------------------------------------------
+
+
+def grads(fn, *inputs: torch.Tensor, seed: int) -> list[torch.Tensor]:
+    """Gradients of ``sum(fn(*leaves) * w)`` for a fixed random ``w``, with respect to fresh leaf copies."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    (out * weight).sum().backward()
+    return [leaf.grad for leaf in leaves]
+
+
+def pad_by_indexing(x: torch.Tensor, dones: torch.Tensor, rows: int, max_length: int | None) -> torch.Tensor:
+    """The padded layout built from plain differentiable indexing, span by span (an independent reference)."""
+    columns = []
+    for env, start, length in reference_spans(dones, max_length):
+        column = x[start : start + length, env]
+        columns.append(torch.cat([column, column.new_zeros(rows - length, *x.shape[2:])]))
+    return torch.stack(columns, dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_split_and_unpad_gradients_equal_rsl_rl(dtype: torch.dtype) -> None:
+    dones = random_dones(24, 9, 0.2, seed=70)
+    x = torch.randn(24, 9, 5, generator=torch.Generator().manual_seed(71), dtype=dtype)
+    _, masks = rsl_split(x, dones)
+    assert_bits_equal(
+        grads(lambda t: split_and_pad_trajectories(t, dones)[0], x, seed=72)[0],
+        grads(lambda t: rsl_split(t, dones)[0], x, seed=72)[0],
+    )
+    padded = rsl_split(x, dones)[0]
+    assert_bits_equal(
+        grads(lambda t: unpad_trajectories(t, masks), padded, seed=73)[0],
+        grads(lambda t: rsl_unpad(t, masks), padded, seed=73)[0],
+    )
+    # The recurrent policy's pattern: split, a layer on the padded batch, unpad, loss. (Elementwise, so that
+    # both sides round alike: a matmul's rounding depends on its input's strides, and RSL-RL's output is a view.)
+    assert_bits_equal(
+        grads(lambda t: unpad_trajectories(split_and_pad_trajectories(t, dones)[0].tanh() * 3, masks), x, seed=75)[0],
+        grads(lambda t: rsl_unpad(rsl_split(t, dones)[0].tanh() * 3, masks), x, seed=75)[0],
+    )
+
+
+def test_gradients_through_dicts_and_tensordicts() -> None:
+    dones = random_dones(10, 4, 0.3, seed=76)
+    x = torch.randn(10, 4, 3, generator=torch.Generator().manual_seed(77))
+    masks = rsl_split(x, dones)[1]
+    expected = grads(lambda t: rsl_unpad(rsl_split(t, dones)[0] * 2, masks), x, seed=78)[0]
+    for wrap in (lambda t: {"policy": t}, lambda t: TensorDict({"policy": t}, batch_size=t.shape[:2])):
+
+        def chain(t: torch.Tensor, wrap=wrap) -> torch.Tensor:
+            padded, masks = split_and_pad_trajectories(wrap(t), dones)
+            return unpad_trajectories(wrap(padded["policy"] * 2), masks)["policy"]
+
+        assert_bits_equal(grads(chain, x, seed=78)[0], expected)
+
+
+@pytest.mark.parametrize(("pad_to", "max_length"), [("longest", None), ("longest", 3), (30, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gradients_of_every_layout_equal_plain_indexing(
+    pad_to: str | int, max_length: int | None, dtype: torch.dtype
+) -> None:
+    dones = random_dones(21, 6, 0.2, seed=79)
+    x = torch.randn(21, 6, 4, generator=torch.Generator().manual_seed(80)).to(dtype)
+    padded, masks = split_and_pad_trajectories(x, dones, pad_to=pad_to, max_length=max_length)
+    rows = padded.shape[0]
+    expected = grads(lambda t: pad_by_indexing(t, dones, rows, max_length), x, seed=81)[0]
+    plan = plan_trajectories(dones, pad_to=pad_to, max_length=max_length)
+    for pad in (
+        lambda t: split_and_pad_trajectories(t, dones, pad_to=pad_to, max_length=max_length)[0],
+        lambda t: scatter_into_trajectories(t, plan),
+    ):
+        assert_bits_equal(grads(pad, x, seed=81)[0], expected)
+    # unpad is pad's inverse, so its gradient is the weight laid out like the padded batch
+    weight = torch.randn(x.shape, generator=torch.Generator().manual_seed(82), dtype=dtype)
+    spans = trajectory_spans(dones, max_length)
+    for unpad in (lambda t: unpad_trajectories(t, masks, num_steps=21), lambda t: unpad_with_spans(t, spans, 21, 6)):
+        assert_bits_equal(grads(unpad, padded, seed=82)[0], pad_by_indexing(weight, dones, rows, max_length))
+
+
+def test_hidden_state_gradients_equal_plain_indexing() -> None:
+    dones = random_dones(12, 5, 0.25, seed=83)
+    hidden = torch.randn(12, 2, 5, 3, generator=torch.Generator().manual_seed(84))
+    spans = spans_as_list(trajectory_spans(dones))
+
+    def by_indexing(h: torch.Tensor) -> torch.Tensor:
+        return torch.stack([h[start, :, env] for env, start, _ in spans], dim=1)
+
+    assert_bits_equal(
+        grads(lambda h: hidden_states_at_starts(h, trajectory_spans(dones)), hidden, seed=85)[0],
+        grads(by_indexing, hidden, seed=85)[0],
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -499,7 +593,6 @@ def test_property_unpad_split_round_trips(
     assert_bits_equal(unpad_with_spans(padded, spans, num_steps, num_envs), x)
     plan = plan_trajectories(dones, pad_to=layout, max_length=max_length)
     assert_bits_equal(scatter_into_trajectories(x, plan), padded)
-    assert_bits_equal(gather_from_trajectories(padded, plan), x)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -537,3 +630,16 @@ def test_large_fresh_output_is_zero_padded_and_outlives_its_call() -> None:
     expected, expected_masks = rsl_split(x, dones)
     assert torch.equal(padded, expected) and torch.equal(masks, expected_masks)
     assert padded[~masks].abs().sum() == 0
+
+
+def test_large_output_with_gradient_backpropagates_through_one_index_copy() -> None:
+    """A large output that needs a gradient is a tensor of its own: no as_strided backward (slow) through a view."""
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(24, 2048, 48, generator=generator).requires_grad_(True)
+    dones = torch.rand(24, 2048, generator=generator) < 0.2
+    padded, masks = split_and_pad_trajectories(x, dones)
+    assert padded.numel() * 4 > 4 << 20
+    assert "AsStrided" not in type(padded.grad_fn).__name__
+    weight = torch.randn(padded.shape, generator=generator)
+    (padded * weight).sum().backward()
+    assert_bits_equal(x.grad, unpad_trajectories(weight, masks))
