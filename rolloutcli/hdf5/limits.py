@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, RolloutError
+from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, EXIT_USAGE, RolloutError
 
 DEFAULT_MAX_MEMORY = 1 << 30  # 1 GiB block budget
 DEFAULT_MAX_DATASET_BYTES = 1 << 40  # 1 TiB declared: larger is a hostile or corrupt header
@@ -46,4 +46,23 @@ def check_regular_file(path: Path) -> None:
             f"{path}: not a regular file (a FIFO, socket or device); refusing to read it. "
             "Copy the data into a regular .h5 file.",
             exit_code=EXIT_UNSAFE,
+        )
+
+
+def _mib(size: int) -> str:
+    return f"{-(-size // (1 << 20))}M"
+
+
+def check_one_env_fits(path: Path, per_env: int, budget: int, max_memory: int) -> None:
+    """Refuse, before anything is read, a file one env of which does not fit in its share of the budget.
+
+    Blocks never cut an env along T, so an env larger than ``budget`` (the command's share of ``max_memory``)
+    would be read whole whatever ``--max-memory`` says. The message names the ``--max-memory`` that fits.
+    """
+    if per_env > budget:
+        need = -(-per_env * max_memory // max(budget, 1))
+        raise RolloutError(
+            f"{path}: one env needs {_mib(need)} of memory, more than --max-memory {_mib(max_memory)}; "
+            f"pass --max-memory {_mib(need)} or more.",
+            exit_code=EXIT_USAGE,
         )

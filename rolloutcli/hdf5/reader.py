@@ -18,7 +18,7 @@ import numpy as np
 
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
 from rolloutcli.fields import by_flag
-from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY
+from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, check_one_env_fits
 from rolloutcli.hdf5.safety import HDF5_ERRORS, SafetyOptions, open_hdf5, translate_hdf5_error
 from rolloutcli.hdf5.schema import DatasetInfo, RolloutSchema, describe
 
@@ -206,9 +206,12 @@ class RolloutReader(H5Input):
         return torch.from_numpy(self.array(name, start, stop)).to(device)
 
     def blocks(self, names: Sequence[str], budget: int | None = None) -> list[tuple[int, int]]:
-        """Env blocks such that reading ``names`` for one block stays within ``budget`` bytes."""
+        """Env blocks such that reading ``names`` for one block stays within ``budget`` bytes (default: all of
+        the reader's); a file one env of which does not fit is refused (exit 2)."""
+        budget = self.budget if budget is None else budget
         per_env = sum(self.schema.fields[n].bytes_per_env() for n in names)
-        return env_blocks(self.N, per_env, self.budget if budget is None else budget)
+        check_one_env_fits(self.path, per_env, budget, self.budget)
+        return env_blocks(self.N, per_env, budget)
 
     def distribution_order(self) -> list[str]:
         """Distribution parameter names in tuple order (the group's ``order`` attribute, else by name)."""
@@ -226,7 +229,7 @@ class RolloutReader(H5Input):
         finite = [f.name for f in by_flag(finite=True) if f.name in fields]
         flags = [f.name for f in by_flag(flag=True) if f.name in fields]
         counts = dict.fromkeys([*finite, *flags, "orphan"], 0)
-        for start, stop in self.blocks([*finite, *flags]):
+        for start, stop in self.blocks([*finite, *flags], budget=max(self.budget // 4, 1)):  # + the masks
             block = {n: self.read(n, start, stop) for n in (*finite, *flags)}
             for name in finite:
                 if block[name].dtype.kind == "f":
