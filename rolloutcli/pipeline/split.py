@@ -42,7 +42,6 @@ from rolloutcli.core.trajectories import (
 )
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_line
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
-from rolloutcli.hdf5.limits import check_one_env_fits
 from rolloutcli.hdf5.reader import H5Input, RolloutReader
 from rolloutcli.hdf5.schema import FORMAT_NAME
 from rolloutcli.hdf5.writer import RolloutOutput
@@ -96,11 +95,10 @@ def _from_byte_rows(rows: torch.Tensor, dtype: np.dtype, shape: tuple[int, ...])
 
 
 def _plan_blocks(
-    src: Path, counts: np.ndarray, T: int, L: int, in_bytes: int, out_bytes: int, budget: int
+    counts: np.ndarray, T: int, L: int, in_bytes: int, out_bytes: int, budget: int
 ) -> list[tuple[int, int]]:
     """Env blocks whose input (``T * in_bytes`` per env) plus padded output (``count * L * out_bytes``) fit."""
     per_env = T * in_bytes + counts.astype(np.int64) * L * out_bytes
-    check_one_env_fits(src, int(per_env.max(initial=0)), budget, 2 * budget)
     blocks, start, used = [], 0, 0
     for env, size in enumerate(per_env.tolist()):
         if env > start and used + size > budget:
@@ -149,8 +147,9 @@ def run_split(
                 f"{src}: padding multiplies the per-step data {blowup:.1f}x ({M} trajectories padded to "
                 f"{L} steps); use --pad-to longest or --max-length K to bound it."
             )
-        budget = max(run.max_memory // 2, 1)
-        blocks = _plan_blocks(src, counts, T, L, sum(row_bytes.values()), sum(row_bytes.values()) + 1, budget)
+        blocks = _plan_blocks(
+            counts, T, L, sum(row_bytes.values()), sum(row_bytes.values()) + 1, max(run.max_memory // 2, 1)
+        )
         with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp, RolloutOutput(tmp, dst, reader) as out:
             _write_split(reader, out, fields, row_bytes, counts, L, options, run, blocks, progress)
             _finish_split(reader, out, fields, options, progress)
@@ -373,8 +372,7 @@ def _write_unpad(
     first_trajectory = np.concatenate([[0], np.cumsum(counts)])
     shapes = {name: source.datasets[name].shape[2:] for name in fields}
     row_bytes = {name: source.datasets[name].dtype.itemsize * math.prod(shapes[name]) for name in fields}
-    budget = max(run.max_memory // 2, 1)
-    blocks = _plan_blocks(source.path, counts, T, L, sum(row_bytes.values()), sum(row_bytes.values()), budget)
+    blocks = _plan_blocks(counts, T, L, sum(row_bytes.values()), sum(row_bytes.values()), max(run.max_memory // 2, 1))
     rest = [name for name in source.datasets if name not in fields and _from_split(name) is not None]
     out.copy(source.named_types)
     out.copy(rest, rename=lambda name: _from_split(name) or name)
