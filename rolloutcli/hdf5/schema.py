@@ -56,11 +56,6 @@ class FieldSpec:
         return field_of(self.name) if self.role != EXTRA else None
 
     @property
-    def per_step(self) -> bool:
-        """A contract field laid out ``[T, N, ...]`` (split, batch and GAE stream over them)."""
-        return self.role != EXTRA and self.env_axis == 1
-
-    @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
@@ -101,7 +96,7 @@ class RolloutSchema:
 
     def per_step_names(self) -> list[str]:
         """Contract fields laid out ``[T, N, ...]`` (extras excluded)."""
-        return [name for name, spec in self.fields.items() if spec.per_step]
+        return [name for name, spec in self.fields.items() if spec.role != EXTRA and spec.env_axis == 1]
 
     def step_names(self) -> list[str]:
         """Every dataset laid out ``[T, N, ...]``: the per-step fields and the extras shaped like them."""
