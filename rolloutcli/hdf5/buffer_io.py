@@ -48,11 +48,8 @@ def _to_numpy(data: torch.Tensor) -> tuple[np.ndarray, bool]:
 
 
 def save_buffer_state(state: dict[str, Any], path: Path, *, overwrite: bool = False) -> None:
-    """Write a ``CircularBuffer.state_dict()`` (tensors on any device) to ``path`` as HDF5, atomically.
-
-    Raises ``RolloutError``: ``path`` exists without ``overwrite`` (exit 2), is refused by
-    :func:`~rolloutcli.hdf5.atomic.check_output_path`, or cannot be written (exit 3).
-    """
+    """Write a ``CircularBuffer.state_dict()`` (tensors on any device) to ``path`` as HDF5, atomically; raise
+    ``RolloutError`` where ``atomic_file`` refuses ``path`` (exit 2, 3 or 4) or it cannot be written (exit 3)."""
     path = Path(path)
     num_pushes = state["num_pushes"].detach().to("cpu", torch.int64).numpy()
     data = state["data"]

@@ -35,14 +35,9 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
 
 
 def copy_file_bytes(source: Path, target: Path, advance: Callable[[int], None] | None = None) -> None:
-    """Copy ``source``'s bytes over ``target`` in the kernel, ``COPY_STEP`` bytes at a time.
-
-    Calls ``advance(bytes)`` after each step. Falls back to ``shutil.copyfile`` where ``copy_file_range`` is
-    missing or refused (other file systems).
-
-    Raises:
-        OSError: the copy failed (disk full, file-size limit, I/O error).
-    """
+    """Copy ``source``'s bytes over ``target`` in the kernel, ``COPY_STEP`` bytes at a time, calling
+    ``advance(bytes)`` after each step; ``shutil.copyfile`` where ``copy_file_range`` is missing or refused.
+    Raises ``OSError`` when the copy fails (disk full, file-size limit, I/O error)."""
     size = os.path.getsize(source)
     with open(source, "rb") as src, open(target, "wb") as dst:
         copied = 0
@@ -67,9 +62,7 @@ def copy_file_bytes(source: Path, target: Path, advance: Callable[[int], None] |
 
 class OpenCopy:
     """Our own temporary copy of an input, open for update: what ``gae`` changes in it, by dataset name.
-
-    Use as a context manager. HDF5 errors propagate as h5py raises them (the caller translates them).
-    """
+    HDF5 errors propagate as h5py raises them (the caller translates them)."""
 
     def __init__(self, path: Path) -> None:
         self._handle = open_for_update(path)

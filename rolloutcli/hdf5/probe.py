@@ -80,11 +80,8 @@ class _Helper:
         )
 
     def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        """Send one request; the answer, or None when the helper died or did not answer in time.
-
-        The helper writes each answer as one line, only once its throwaway process has ended, and a helper that
-        fails to answer is replaced: so the first byte of an answer means the whole line follows.
-        """
+        """Send one request; the answer, or None when the helper died or did not answer in time. (The helper
+        writes each answer as one line once its child has ended, so its first byte means the whole line follows.)"""
         assert self.process.stdin is not None and self.process.stdout is not None
         try:
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
