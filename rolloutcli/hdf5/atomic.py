@@ -1,8 +1,7 @@
 """Atomic outputs: write to a temporary name beside the destination, rename only when complete.
 
-A crash or Ctrl-C therefore leaves either the old file or no file under the final name, never half a
-file. Temporary names carry the pattern ``.<name>.rolloutcli-tmp-<random>`` so they are recognisable and
-are removed on any exception (including KeyboardInterrupt / SystemExit raised by signal handlers).
+A crash or Ctrl-C leaves the old output or none under the final name, never half of one. Temporaries are
+named ``.<name>.rolloutcli-tmp-<random>`` and removed on any exception (KeyboardInterrupt, SystemExit too).
 """
 
 from __future__ import annotations
@@ -32,11 +31,7 @@ def live_temporaries() -> set[str]:
 def remove_live_temporaries() -> None:
     """Delete every temporary output still being written (files or folders); never raises."""
     for path in list(_LIVE_TEMPS):
-        with contextlib.suppress(OSError):
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                os.unlink(path)
+        _remove(Path(path))
         _LIVE_TEMPS.discard(path)
 
 
@@ -122,6 +117,15 @@ def check_output_path(
         )
 
 
+def _remove(path: Path) -> None:
+    """Delete a file, link or folder (a link's target is never followed); never raises."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 def _parent(dst: Path) -> Path:
     return Path(os.path.dirname(os.path.abspath(dst)))
 
@@ -178,6 +182,28 @@ def _keep_identity(tmp: Path, dst: Path) -> None:
 
 
 @contextlib.contextmanager
+def _temporary(shown: Path, parent: Path, kind: str) -> Iterator[Path]:
+    """A new temporary file or folder in ``parent``, listed in the live temporaries while the block runs and
+    removed if it raises (the block publishes it)."""
+    try:
+        if kind == "folder":
+            name = tempfile.mkdtemp(prefix=_temp_prefix(shown), dir=parent)
+        else:
+            fd, name = tempfile.mkstemp(prefix=_temp_prefix(shown), dir=parent)
+            os.close(fd)
+    except OSError as exc:
+        raise RolloutError(f"{shown}: cannot create a {kind} in {parent}: {exc.strerror}.", exit_code=EXIT_IO) from exc
+    _LIVE_TEMPS.add(name)
+    try:
+        yield Path(name)
+    except BaseException:
+        _remove(Path(name))
+        raise
+    finally:
+        _LIVE_TEMPS.discard(name)
+
+
+@contextlib.contextmanager
 def atomic_file(
     dst: Path, *, inputs: Sequence[Path] = (), overwrite: bool = False, replace_input: bool = False
 ) -> Iterator[Path]:
@@ -192,14 +218,7 @@ def atomic_file(
     inputs = [Path(p) for p in inputs]
     check_output_path(dst, inputs, overwrite=overwrite or replace_input, replace_input=replace_input)
     parent = _parent(dst)
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(dst), dir=parent)
-    except OSError as exc:
-        raise RolloutError(f"{dst}: cannot create a file in {parent}: {exc.strerror}.", exit_code=EXIT_IO) from exc
-    os.close(fd)
-    _LIVE_TEMPS.add(tmp_name)
-    tmp = Path(tmp_name)
-    try:
+    with _temporary(dst, parent, "file") as tmp:
         yield tmp
         try:
             if replace_input:
@@ -214,13 +233,7 @@ def atomic_file(
                 rename_noreplace(tmp, Path(os.path.abspath(dst)))
         except OSError as exc:
             raise _publish_error(dst, exc) from exc
-        _LIVE_TEMPS.discard(tmp_name)
-        _fsync_dir(parent)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        _LIVE_TEMPS.discard(tmp_name)
-        raise
+    _fsync_dir(parent)
 
 
 def _seal_folder(tmp: Path, mode: int) -> None:
@@ -233,14 +246,6 @@ def _seal_folder(tmp: Path, mode: int) -> None:
             os.fsync(handle.fileno())
     os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # folders need x where they have r
     _fsync_dir(tmp)
-
-
-def _remove(path: Path) -> None:
-    if os.path.islink(path):
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _replace_folder(tmp: Path, dst: Path) -> None:
@@ -278,14 +283,7 @@ def atomic_folder(
     dst = Path(os.path.abspath(dst))
     inputs = [Path(p) for p in inputs]
     check_output_path(shown, inputs, overwrite=overwrite, kind="folder", owned=owned)
-    parent = dst.parent
-    try:
-        tmp_name = tempfile.mkdtemp(prefix=_temp_prefix(dst), dir=parent)
-    except OSError as exc:
-        raise RolloutError(f"{shown}: cannot create a folder in {parent}: {exc.strerror}.", exit_code=EXIT_IO) from exc
-    _LIVE_TEMPS.add(tmp_name)
-    tmp = Path(tmp_name)
-    try:
+    with _temporary(shown, dst.parent, "folder") as tmp:
         yield tmp
         try:
             _seal_folder(tmp, _mode_for(inputs))
@@ -296,10 +294,5 @@ def atomic_folder(
                 rename_noreplace(tmp, dst)
         except OSError as exc:
             raise _publish_error(shown, exc) from exc
-        _fsync_dir(parent)
+        _fsync_dir(dst.parent)
         _remove(tmp)  # the replaced output, if any
-        _LIVE_TEMPS.discard(tmp_name)
-    except BaseException:
-        _remove(tmp)
-        _LIVE_TEMPS.discard(tmp_name)
-        raise

@@ -29,12 +29,12 @@ def _filter_ids(dataset: h5py.Dataset) -> list[int]:
     return [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
 
 
-def audit_dataset(path: Path, name: str, dataset: h5py.Dataset, options: SafetyOptions) -> list[str]:
-    """Problems that make reading ``dataset`` unsafe (empty list when it is safe; the first problem found)."""
+def _dataset_problem(dataset: h5py.Dataset, path: Path, options: SafetyOptions) -> str | None:
+    """What makes reading ``dataset`` unsafe (the first problem found), or None."""
     problem = _storage_problem(path, dataset, options.allow_external)
     if problem is None and dataset.dtype.kind in "biufcSUOV":
         problem = _layout_problem(dataset, options)
-    return [] if problem is None else [f"{path}: field '{name}': {problem}"]
+    return problem
 
 
 def _storage_problem(path: Path, dataset: h5py.Dataset, allow: bool) -> str | None:
@@ -169,8 +169,8 @@ def audit_file(path: Path, handle: h5py.File, options: SafetyOptions) -> None:
     for name in datasets:
         # Only hard links remain here, so opening them cannot leave the file.
         obj = handle.get(name, getlink=False)
-        if isinstance(obj, h5py.Dataset):
-            unsafe.extend(audit_dataset(path, name, obj, options))
+        if isinstance(obj, h5py.Dataset) and (problem := _dataset_problem(obj, path, options)):
+            unsafe.append(f"{path}: field '{name}': {problem}")
         elif isinstance(obj, h5py.Group):
             address = h5py.h5o.get_info(obj.id).addr
             ancestors = ["/".join(name.split("/")[:depth]) for depth in range(name.count("/") + 1)]

@@ -2,20 +2,16 @@
 
 File layout (format ``rolloutcli.circular_buffer``, version 1):
 
-* root attributes ``format`` (str), ``format_version`` (int), ``max_length``, ``batch_size`` (ints >= 1),
-  ``pointer`` (int in ``[0, max_length)``: storage slot of the newest entry).
+* root attributes ``format``, ``format_version``, ``max_length``, ``batch_size`` (>= 1) and ``pointer`` (in
+  ``[0, max_length)``: the storage slot of the newest entry).
 * dataset ``num_pushes`` ``[batch_size]`` int64: appends since each environment's last reset.
-* dataset ``data`` ``[max_length, batch_size, *entry_shape]`` in storage order (slot ``pointer`` is the
-  newest entry); absent when nothing was ever appended. Its attribute ``torch_dtype`` names the torch dtype;
-  dtypes numpy cannot hold (bfloat16, float8...) are stored as their raw bits in a signed integer of the same
-  width, with the attribute ``raw_bits = True``.
+* dataset ``data`` ``[max_length, batch_size, *entry_shape]`` in storage order, absent when nothing was ever
+  appended; attribute ``torch_dtype`` names its dtype, and dtypes numpy cannot hold (bfloat16, float8...) are
+  stored as raw bits in a signed integer of the same width, with ``raw_bits = True``.
 
-Saving goes through :func:`~rolloutcli.hdf5.atomic.atomic_file`: an interrupted save leaves the previous file
-(or none). Loading treats the file as untrusted, like every command does: :func:`~rolloutcli.hdf5.safety.open_hdf5`
-refuses what is not a regular file, reads the metadata first in a throwaway process (a file that crashes or
-hangs libhdf5 is refused), and audits every link and dataset (nothing outside the file is followed, no plugin
-filter is loaded); then the whole state, which must fit in ``max_memory``, is checked before any data is read.
-Every problem is a :class:`~rolloutcli.errors.RolloutError` with the CLI's exit codes.
+Saving is atomic (:func:`~rolloutcli.hdf5.atomic.atomic_file`). Loading treats the file as untrusted, as every
+command does (:func:`~rolloutcli.hdf5.safety.open_hdf5`), and checks the whole state, which must fit in
+``max_memory``, before reading any data.
 """
 
 from __future__ import annotations
@@ -52,11 +48,8 @@ def _to_numpy(data: torch.Tensor) -> tuple[np.ndarray, bool]:
 
 
 def save_buffer_state(state: dict[str, Any], path: Path, *, overwrite: bool = False) -> None:
-    """Write a ``CircularBuffer.state_dict()`` (tensors on any device) to ``path`` as HDF5, atomically.
-
-    Raises ``RolloutError``: ``path`` exists without ``overwrite`` (exit 2), is a destination that
-    :func:`~rolloutcli.hdf5.atomic.check_output_path` refuses, or cannot be written (exit 3).
-    """
+    """Write a ``CircularBuffer.state_dict()`` (tensors on any device) to ``path`` as HDF5, atomically; raise
+    ``RolloutError`` where ``atomic_file`` refuses ``path`` (exit 2, 3 or 4) or it cannot be written (exit 3)."""
     path = Path(path)
     num_pushes = state["num_pushes"].detach().to("cpu", torch.int64).numpy()
     data = state["data"]

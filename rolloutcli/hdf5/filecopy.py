@@ -1,9 +1,8 @@
 """A command's output as a copy of its input: copy the file's bytes, then update the copy in place.
 
-``gae`` carries every dataset it does not touch over to its output by copying the whole input file (nothing
-decoded, a reflink where the file system offers one), then adds its datasets to the copy (:class:`OpenCopy`).
-The copy asks the kernel to start writing each step to disk as it goes (``sync_file_range``, which does not
-wait), so the fsync that publishes the output finds little left to write.
+``gae`` copies the whole input file in the kernel (nothing decoded, a reflink where the file system offers one),
+then adds its datasets to the copy (:class:`OpenCopy`). Write-back of each step starts as it goes
+(``sync_file_range``, which does not wait), so the fsync that publishes the output finds little left to write.
 """
 
 from __future__ import annotations
@@ -12,32 +11,20 @@ import ctypes
 import errno
 import os
 import shutil
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rolloutcli.hdf5.writer import create_empty, open_for_update, write_env_block
+from rolloutcli.hdf5.rename import libc_function
+from rolloutcli.hdf5.writer import open_for_update
 
 COPY_STEP = 64 << 20  # bytes per kernel copy call: write-back starts (and progress moves) every 64 MiB
 _SYNC_FILE_RANGE_WRITE = 2
 
 
-def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    function.restype = ctypes.c_int
-    return function
-
-
-_SYNC_FILE_RANGE = _load_sync_file_range()
+_SYNC_FILE_RANGE = libc_function("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
 
 
 def start_writeback(fd: int, offset: int, nbytes: int) -> None:
@@ -48,14 +35,9 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
 
 
 def copy_file_bytes(source: Path, target: Path, advance: Callable[[int], None] | None = None) -> None:
-    """Copy ``source``'s bytes over ``target`` in the kernel, ``COPY_STEP`` bytes at a time.
-
-    Calls ``advance(bytes)`` after each step. Falls back to ``shutil.copyfile`` where ``copy_file_range`` is
-    missing or refused (other file systems).
-
-    Raises:
-        OSError: the copy failed (disk full, file-size limit, I/O error).
-    """
+    """Copy ``source``'s bytes over ``target`` in the kernel, ``COPY_STEP`` bytes at a time, calling
+    ``advance(bytes)`` after each step; ``shutil.copyfile`` where ``copy_file_range`` is missing or refused.
+    Raises ``OSError`` when the copy fails (disk full, file-size limit, I/O error)."""
     size = os.path.getsize(source)
     with open(source, "rb") as src, open(target, "wb") as dst:
         copied = 0
@@ -80,9 +62,7 @@ def copy_file_bytes(source: Path, target: Path, advance: Callable[[int], None] |
 
 class OpenCopy:
     """Our own temporary copy of an input, open for update: what ``gae`` changes in it, by dataset name.
-
-    Use as a context manager. HDF5 errors propagate as h5py raises them (the caller translates them).
-    """
+    HDF5 errors propagate as h5py raises them (the caller translates them)."""
 
     def __init__(self, path: Path) -> None:
         self._handle = open_for_update(path)
@@ -101,9 +81,6 @@ class OpenCopy:
         block = block.reshape(block.shape[:2])
         return block if block.dtype.isnative else block.astype(block.dtype.newbyteorder("="))
 
-    def has(self, name: str) -> bool:
-        return name in self._handle
-
     def remove(self, name: str) -> None:
         if name in self._handle:
             del self._handle[name]
@@ -116,11 +93,11 @@ class OpenCopy:
     def create(self, name: str, steps: int, envs: int) -> None:
         """A new empty float32 ``[T, N]`` dataset ``name`` (replacing any), filled by :meth:`write`."""
         self.remove(name)
-        self._created[name] = create_empty(self._handle, name, (steps, envs), "float32")
+        self._created[name] = self._handle.create_dataset(name, shape=(steps, envs), dtype=np.float32)
 
     def write(self, name: str, start: int, stop: int, block: np.ndarray) -> None:
         """Env columns ``[start, stop)`` of a dataset made by :meth:`create`."""
-        write_env_block(self._created[name], 1, start, stop, block)
+        self._created[name][:, start:stop] = block
 
     def read_written(self, name: str, start: int, stop: int) -> np.ndarray:
         """Env columns ``[start, stop)`` of a dataset made by :meth:`create`, as written."""
@@ -134,6 +111,3 @@ class OpenCopy:
                 target[key] = value
             elif key in target:
                 del target[key]
-
-
-__all__ = ["COPY_STEP", "OpenCopy", "copy_file_bytes", "start_writeback"]

@@ -1,6 +1,5 @@
-"""Limits and checks that need neither h5py nor numpy: the memory budget, what the audit allows, and the
-regular-file check. Kept apart so that a command can check its paths and start copying before the heavy
-imports (``gae`` overlaps its kernel file copy with them)."""
+"""Limits and checks that need neither h5py nor numpy (the memory budget, what the audit allows, the regular-file
+check), so that ``gae`` can check its paths and start its file copy before the heavy imports."""
 
 from __future__ import annotations
 

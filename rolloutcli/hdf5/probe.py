@@ -1,16 +1,14 @@
 """Read an untrusted file's metadata first in a throwaway process, so a libhdf5 crash or hang is caught.
 
-Some corrupt files defeat libhdf5 itself, in C code that Python cannot interrupt: a variable-length string
-(h5py's default for ``str`` attributes, e.g. ``rolloutcli_format``) whose global-heap object claims size 0
-sends ``H5HG__cache_heap_deserialize`` into an endless loop; other corrupt metadata crashes it. Checks in
-Python cannot foresee every such bug, so ``probe_metadata`` has a throwaway process open the file, audit it
-and read what the commands read from the metadata (every attribute, every chunk index, variable-length
-datasets). When that process dies by a signal or does not finish in time, the file is refused as corrupt
-(exit 1) and this process never parses it. Data is never read there.
+Some corrupt files defeat libhdf5 in C code Python cannot interrupt (a variable-length string whose global-heap
+object claims size 0 loops forever in ``H5HG__cache_heap_deserialize``; other corrupt metadata crashes it). So a
+throwaway process opens the file, audits it and reads what the commands read from the metadata (attributes,
+chunk indexes, variable-length datasets); when it dies by a signal or runs out of time, the file is refused as
+corrupt (exit 1) and this process never parses it. Data is never read there.
 
-Forking this process for every file would copy its page tables (large once torch is loaded), so the throwaway
-processes are forked from a small helper interpreter (h5py only, started once, on first use): each probe then
-costs a fork of a small process. The helper reads requests on stdin and exits when this process goes away.
+The throwaway processes are forked from a small helper interpreter (h5py only, started on first use), not from
+this process, whose page tables (large once torch is loaded) every fork would copy. The helper reads requests
+on stdin and exits when this process goes away.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -81,28 +78,19 @@ class _Helper:
             env=env,
             start_new_session=True,  # Ctrl-C in a terminal goes to the command, not to the helper
         )
-        self._buffer = b""
 
     def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        """Send one request; the answer, or None when the helper died or did not answer in time."""
+        """Send one request; the answer, or None when the helper died or did not answer in time. (The helper
+        writes each answer as one line once its child has ended, so its first byte means the whole line follows.)"""
         assert self.process.stdin is not None and self.process.stdout is not None
         try:
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
             self.process.stdin.flush()
-        except OSError:
+            if not select.select([self.process.stdout], [], [], timeout)[0]:
+                return None
+            return json.loads(self.process.stdout.readline())
+        except (OSError, ValueError):
             return None
-        deadline = time.monotonic() + timeout
-        fd = self.process.stdout.fileno()
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
 
     def close(self) -> None:
         if self.owner != os.getpid():
@@ -120,36 +108,20 @@ _HELPER: _Helper | None = None
 _LOCK = threading.Lock()
 
 
-def _ensure_helper() -> _Helper | None:
-    """The live helper of this process, started if needed (call with ``_LOCK`` held)."""
-    global _HELPER
-    if _HELPER is None or _HELPER.owner != os.getpid() or _HELPER.process.poll() is not None:
-        try:
-            _HELPER = _Helper()
-        except OSError:
-            _HELPER = None
-    return _HELPER
-
-
-def start_helper() -> None:
-    """Start the helper interpreter now, without waiting for it (~0.1 s of start-up that then overlaps the
-    caller's own work instead of delaying the first probe). Does nothing where probes cannot run."""
-    if hasattr(os, "fork"):
-        with _LOCK:
-            _ensure_helper()
-
-
 def _ask(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    """This process's helper's answer (started if needed); None when no helper could answer."""
     global _HELPER
     with _LOCK:
         for _ in range(2):  # a helper that died or got stuck is replaced once
-            helper = _ensure_helper()
-            if helper is None:
-                return None
-            answer = helper.ask(request, timeout)
+            if _HELPER is None or _HELPER.owner != os.getpid() or _HELPER.process.poll() is not None:
+                try:
+                    _HELPER = _Helper()
+                except OSError:
+                    return None
+            answer = _HELPER.ask(request, timeout)
             if answer is not None:
                 return answer
-            helper.close()
+            _HELPER.close()
             _HELPER = None
     return None
 

@@ -1,9 +1,8 @@
 """Read HDF5 inputs: the one front door for pipelines and the library (no caller holds an h5py object).
 
-``H5Input`` is any audited, read-only file (a rollout, a split file): dataset metadata, root attributes, and
-slices as numpy arrays, every libhdf5 failure translated to a one-line ``RolloutError`` naming the field.
-``RolloutReader`` adds the rollout contract: the schema (``schema.describe``, structure, no data read), the
-value checks (``check_values``, streamed in env blocks) and reads normalised as :mod:`rolloutcli.fields` says.
+``H5Input`` is any audited, read-only file: dataset metadata, root attributes and slices as numpy arrays, every
+libhdf5 failure translated to a one-line ``RolloutError`` naming the field. ``RolloutReader`` adds the rollout
+contract: the schema, the value checks (streamed in env blocks) and reads normalised by :mod:`rolloutcli.fields`.
 """
 
 from __future__ import annotations
@@ -32,10 +31,8 @@ _ORPHAN_FIX = "A time-out ends the episode: set dones there too."
 
 
 def env_blocks(num_envs: int, bytes_per_env: int, budget: int) -> list[tuple[int, int]]:
-    """Split ``range(num_envs)`` into contiguous ``(start, stop)`` blocks of at most ``budget`` bytes.
-
-    A block always holds at least one env (a single env larger than the budget is still processed).
-    """
+    """Split ``range(num_envs)`` into contiguous ``(start, stop)`` blocks of at most ``budget`` bytes (at least
+    one env each, even when one env is larger than the budget)."""
     per_block = max(1, budget // max(bytes_per_env, 1))
     return [(start, min(start + per_block, num_envs)) for start in range(0, num_envs, per_block)]
 
@@ -94,8 +91,6 @@ class H5Input:
         """Run ``fn`` (h5py calls on this file); an HDF5 failure or MemoryError becomes a ``RolloutError``."""
         try:
             return fn()
-        except RolloutError:
-            raise
         except (*HDF5_ERRORS, MemoryError) as exc:
             raise translate_hdf5_error(self.path, exc, field) from exc
 
@@ -128,10 +123,9 @@ class H5Input:
 class RolloutReader(H5Input):
     """An open, audited, validated rollout file.
 
-    ``read(name, start, stop)`` returns the env slice ``[start:stop]`` of a field as stored (native byte order);
-    ``array`` / ``tensor`` return it normalised by the field's row (:mod:`rolloutcli.fields`): a trailing 1
-    dropped, flags uint8 0/1, rewards/values/last_values/advantages/returns float32, others as stored.
-    ``read_steps(name, start, stop)`` returns steps ``[start:stop]`` of all envs, normalised the same way.
+    ``read`` returns a field's env slice as stored (native byte order); ``array`` / ``tensor`` return it
+    normalised by the field's row (:mod:`rolloutcli.fields`): a trailing 1 dropped, flags uint8 0/1,
+    rewards/values/last_values/advantages/returns float32, others as stored.
     """
 
     def __init__(
@@ -172,7 +166,8 @@ class RolloutReader(H5Input):
         index[spec.env_axis] = slice(start, self.N if stop is None else stop)
         return self.slice(name, tuple(index))
 
-    def _normalise(self, name: str, data: np.ndarray) -> np.ndarray:
+    def normalise(self, name: str, data: np.ndarray) -> np.ndarray:
+        """``data`` read from field ``name``, normalised by its row (see the class docstring), C-contiguous."""
         spec = self.schema.fields[name]
         dtype, shape = spec.loaded(data.shape[spec.env_axis] if spec.env_axis is not None else 0)
         row = spec.row
@@ -184,11 +179,7 @@ class RolloutReader(H5Input):
 
     def array(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Normalised C-contiguous numpy array of a field's env slice."""
-        return self._normalise(name, self.read(name, start, stop))
-
-    def read_steps(self, name: str, start: int, stop: int) -> np.ndarray:
-        """Steps ``[start:stop]`` of all envs of a ``[T, ...]`` field, normalised (one contiguous read)."""
-        return self._normalise(name, self.slice(name, (slice(start, stop),)))
+        return self.normalise(name, self.read(name, start, stop))
 
     def normalized(self, name: str, start: int = 0, stop: int | None = None) -> tuple[np.dtype, tuple[int, ...]]:
         """The dtype and shape :meth:`array` returns for this env slice, from the metadata alone (no read)."""

@@ -1,16 +1,13 @@
 """Publishing renames that never replace what the user put at the destination.
 
-``rename_noreplace`` fails with ``FileExistsError`` when ``dst`` exists at the moment of the rename, so an
-output created while a command runs (by the user, or a second run) is never replaced. How that holds:
-
-- Linux with a file system that supports ``renameat2(RENAME_NOREPLACE)`` (ext4, xfs, btrfs, tmpfs): the
-  kernel checks and renames in one step, for files and folders.
-- Elsewhere (NFS, some FUSE file systems): a file is published by ``link`` + ``unlink`` (``link`` never
-  replaces); a folder under an exclusive lock file beside it (``O_EXCL``), checked just before ``rename``,
-  which stops a second rolloutcli run but leaves a window of microseconds against other programs.
+``rename_noreplace`` fails with ``FileExistsError`` when ``dst`` exists at the moment of the rename: with
+``renameat2(RENAME_NOREPLACE)`` on Linux (ext4, xfs, btrfs, tmpfs) the kernel checks and renames in one step;
+elsewhere (NFS, some FUSE file systems) a file is published by ``link`` + ``unlink`` (``link`` never replaces),
+a folder under an exclusive lock file beside it, checked just before ``rename`` (which stops a second rolloutcli
+run but leaves a window of microseconds against other programs).
 
 ``exchange`` swaps two existing paths in one step (``RENAME_EXCHANGE``), so a replaced folder output is never
-missing under its name; where that is not supported, the old folder is moved aside first.
+missing under its name; where that is not supported, the caller moves the old folder aside first.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import ctypes
 import errno
 import os
 from pathlib import Path
+from typing import Any
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
@@ -27,17 +25,18 @@ _RENAME_EXCHANGE = 2
 _UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP)
 
 
-def _renameat2() -> ctypes._CFuncPtr | None:
+def libc_function(name: str, *argtypes: Any) -> Any:
+    """The C library's function ``name`` (returning an int, setting errno), or None where it is missing."""
     try:
-        function = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (AttributeError, OSError, TypeError):
         return None
-    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.argtypes = list(argtypes)
     function.restype = ctypes.c_int
     return function
 
 
-_RENAMEAT2 = _renameat2()
+_RENAMEAT2 = libc_function("renameat2", ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
 
 
 def _call(src: Path, dst: Path, flags: int) -> bool:

@@ -63,8 +63,8 @@ _FAILED_WRITES: list[BaseException] = []
 def system_errno(exc: BaseException) -> int | None:
     """The operating-system fault (disk full, file too large, EIO, read-only...) behind ``exc``, if any.
 
-    h5py raises ``OSError`` without ``errno`` for libhdf5 failures and puts the OS error in the message
-    (``errno = 27``); a failed write also fails the close that follows, so the chain is searched too.
+    h5py puts libhdf5's OS error in the message (``errno = 27``), not in ``errno``; a failed write also fails
+    the close that follows, so the chain is searched too.
     """
     seen = 0
     current: BaseException | None = exc
@@ -80,14 +80,9 @@ def system_errno(exc: BaseException) -> int | None:
 
 
 def translate_write_error(dst: Path | str, exc: BaseException, source: Path | str | None = None) -> RolloutError:
-    """An exception raised while an output was being written, as a one-line ``RolloutError``.
-
-    Operating-system faults (disk full, file too large, read-only file system) are I/O faults about the
-    output (exit 3); anything else came from reading the untrusted input ``source`` (object copy and block
-    reads decode its chunks) and is translated as a read error of that file.
-    """
-    if isinstance(exc, RolloutError):
-        return exc
+    """An exception raised while an output was being written, as a one-line ``RolloutError``: an OS fault is
+    about the output (exit 3); anything else came from reading the input ``source`` (object copy and block reads
+    decode its chunks)."""
     code = system_errno(exc)
     if code is not None:
         _FAILED_WRITES.append(exc)
@@ -140,15 +135,12 @@ def translate_hdf5_error(path: Path | str, exc: BaseException, field: str | None
 
 @contextlib.contextmanager
 def open_hdf5(path: Path | str, options: SafetyOptions | None = None) -> Iterator[h5py.File]:
-    """Open ``path`` read-only after checking it is a regular file, and audit it before yielding.
-
-    Every HDF5 exception raised while opening or auditing becomes a ``RolloutError``; the metadata is first
-    read in a throwaway child (``probe.probe_metadata``), so a file that crashes or hangs libhdf5 is refused.
-    """
+    """Open ``path`` read-only after checking it is a regular file and probing its metadata, and audit it before
+    yielding; every HDF5 exception raised meanwhile becomes a ``RolloutError``."""
     path = Path(path)
     options = options or SafetyOptions()
     check_regular_file(path)
-    probe_metadata(path, options.allow_external)  # a libhdf5 crash or hang on this file happens in a child
+    probe_metadata(path, options.allow_external)
     try:
         handle = h5py.File(path, "r")
     except HDF5_ERRORS as exc:

@@ -20,7 +20,6 @@ from rolloutcli.fields import ENV, EXTRA, FIELDS, HIDDEN, STEP, Field, field_of
 FORMAT_NAME = "rollout"
 FORMAT_VERSION = 1
 REFERENCE_FIELD = "rewards"  # T and N come from here; every other field is checked against it
-FLAG_FIELDS = tuple(f.name for f in FIELDS if f.flag)  # dones, time_outs (for callers not yet on the table)
 
 
 @dataclass(frozen=True)
@@ -38,10 +37,9 @@ class FieldSpec:
     """One dataset of a rollout file.
 
     Attributes:
-        name: its HDF5 path (also the key used everywhere else, e.g. ``observations/policy``).
-        role: the role of its row in :data:`rolloutcli.fields.FIELDS` (``observation``, ``rewards``, ``hidden``,
-            ...) or ``extra``.
-        dtype: the stored dtype in native byte order (``stored`` keeps the file's byte order).
+        name: its HDF5 path (also its key everywhere else, e.g. ``observations/policy``).
+        role: the role of its row in :data:`rolloutcli.fields.FIELDS`, or ``extra``.
+        dtype: the stored dtype in native byte order.
         env_axis: axis of N; None for extras not laid out ``[T, N, ...]`` (carried along whole).
     """
 
@@ -52,16 +50,10 @@ class FieldSpec:
     env_axis: int | None
     chunks: tuple[int, ...] | None = None
     compression: str | None = None
-    stored: np.dtype | None = None
 
     @property
     def row(self) -> Field | None:
         return field_of(self.name) if self.role != EXTRA else None
-
-    @property
-    def per_step(self) -> bool:
-        """A contract field laid out ``[T, N, ...]`` (split, batch and GAE stream over them)."""
-        return self.role != EXTRA and self.env_axis == 1
 
     @property
     def nbytes(self) -> int:
@@ -104,7 +96,7 @@ class RolloutSchema:
 
     def per_step_names(self) -> list[str]:
         """Contract fields laid out ``[T, N, ...]`` (extras excluded)."""
-        return [name for name, spec in self.fields.items() if spec.per_step]
+        return [name for name, spec in self.fields.items() if spec.role != EXTRA and spec.env_axis == 1]
 
     def step_names(self) -> list[str]:
         """Every dataset laid out ``[T, N, ...]``: the per-step fields and the extras shaped like them."""
@@ -133,11 +125,8 @@ def _reference(path: Path, datasets: dict[str, DatasetInfo], problems: list[str]
         return 0, 0
     T, N = reference.shape[:2]
     if T == 0 or N == 0:
-        problems.append(
-            problem_line(
-                path, REFERENCE_FIELD, "at least one step and one env", f"T={T}, N={N}", "The recording is empty."
-            )
-        )
+        fix = "The recording is empty."
+        problems.append(problem_line(path, REFERENCE_FIELD, "at least one step and one env", f"T={T}, N={N}", fix))
     return T, N
 
 
@@ -169,19 +158,13 @@ def describe(
         if row is None and len(info.shape) >= 2 and T and info.shape[:2] == (T, N):
             env_axis = 1  # an extra laid out [T, N, ...]: streamed and split like the per-step fields
         if row is not None and info.dtype.kind not in "biuf":
-            problems.append(
-                problem_line(
-                    path,
-                    name,
-                    "a numeric dtype (bool, integer or float)",
-                    f"dtype {info.dtype}",
-                    "Store numbers; strings and compound types cannot be trained on.",
-                )
-            )
+            fix = "Store numbers; strings and compound types cannot be trained on."
+            found = f"dtype {info.dtype}"
+            problems.append(problem_line(path, name, "a numeric dtype (bool, integer or float)", found, fix))
         elif row is not None and T and N and (expected := _expected_shape(row, info.shape, T, N)):
             problems.append(problem_line(path, name, expected, f"shape {info.shape}"))
         role = row.role if row is not None else EXTRA
-        fields[name] = FieldSpec(name, role, info.shape, dtype, env_axis, info.chunks, info.compression, info.dtype)
+        fields[name] = FieldSpec(name, role, info.shape, dtype, env_axis, info.chunks, info.compression)
     hidden = _hidden_layout(path, fields, problems)
     if problems or REFERENCE_FIELD not in datasets:
         return None, problems

@@ -1,16 +1,11 @@
 """Shard files and their manifest: write one shard and ``manifest.json``, read a shard back; read regions of a
 rollout for the export. (The manifest's checks are the reader's: :mod:`rolloutcli.shards`.)
 
-A shard is a small HDF5 file built **in memory** by libhdf5 (the core driver, no backing store) and written
-with plain Python I/O, never by libhdf5 into a file on disk: after a failed write (disk full, file-size
-limit) h5py keeps an id open and the interpreter crashes at exit; bytes written by Python just raise
-``OSError``. Every dataset is contiguous (chunked when compressed), without timestamps, so a shard's bytes
-depend only on its data. An uncompressed shard is written from its *layout* (built once per set of dataset
-shapes: the metadata bytes and where each dataset's data go) filled with views of the tensors, byte for byte
-the image libhdf5 builds (:func:`shard_bytes`, checked by the tests) without copying the data twice.
-
-Building and writing a shard, and hashing it, run in two background threads, overlapping the next shard's
-gather; :class:`ShardWriter` hands out results in order.
+A shard is built **in memory** by libhdf5 (core driver, no backing store) and written with plain Python I/O:
+after a failed write (disk full, file-size limit) h5py keeps an id open and the interpreter crashes at exit,
+while Python's writes just raise ``OSError``. Datasets are contiguous (chunked when compressed) and carry no
+timestamps, so a shard's bytes depend only on its data. An uncompressed shard is written from its *layout*
+(:func:`_layout`) filled with views of the tensors: byte for byte :func:`shard_bytes`, without copying the data.
 """
 
 from __future__ import annotations
@@ -34,7 +29,6 @@ import torch
 from rolloutcli.errors import EXIT_IO, RolloutError
 from rolloutcli.hdf5.filecopy import start_writeback
 from rolloutcli.hdf5.safety import HDF5_ERRORS, SafetyOptions, open_hdf5, translate_hdf5_error
-from rolloutcli.hdf5.schema import FLAG_FIELDS
 
 if TYPE_CHECKING:
     from rolloutcli.hdf5.reader import RolloutReader
@@ -57,9 +51,7 @@ Segment = bytes | memoryview
 Layout = tuple[bytes | str, ...]
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Reading the source (the export never holds an h5py object)
-# ----------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------- reading the source (the export never holds an h5py object)
 
 
 def chunk_extents(reader: RolloutReader, name: str) -> tuple[int, int, int] | None:
@@ -71,29 +63,14 @@ def chunk_extents(reader: RolloutReader, name: str) -> tuple[int, int, int] | No
 
 
 def read_region(reader: RolloutReader, name: str, steps: tuple[int, int], envs: tuple[int, int]) -> np.ndarray:
-    """Steps ``t0:t1`` of envs ``n0:n1`` of a per-step field, normalised as ``RolloutReader.array`` returns it
-    (its dtype, flags 0/1, a trailing 1 of scalar fields squeezed), C-contiguous.
-
-    Raises:
-        RolloutError: the data cannot be read (HDF5 errors translated, naming the field).
-    """
+    """Steps ``t0:t1`` of envs ``n0:n1`` of a per-step field, normalised as ``RolloutReader.array`` returns it."""
     spec = reader.schema.fields[name]
-    dtype, shape = reader.normalized(name, *envs)
     index: list[slice] = [slice(None)] * len(spec.shape)
     index[0], index[spec.env_axis or 1] = slice(*steps), slice(*envs)
-    try:
-        data = np.asarray(reader.handle[name][tuple(index)])
-    except HDF5_ERRORS as exc:
-        raise translate_hdf5_error(reader.path, exc, name) from exc
-    if spec.role in FLAG_FIELDS:
-        data = data != 0
-    data = data.astype(dtype, copy=False).reshape(steps[1] - steps[0], *shape[1:])
-    return np.ascontiguousarray(data)
+    return reader.normalise(name, reader.slice(name, tuple(index)))
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Writing shards
-# ----------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------ writing shards
 
 
 def _numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -109,12 +86,11 @@ def _image(
     group_attrs: Mapping[str, Mapping[str, Any]],
     compression: str | None = None,
 ) -> tuple[bytes, dict[str, int]]:
-    """A shard's file image (datasets in the given order, then the groups' attributes) and the offset of each
-    contiguous dataset's data; a ``(shape, dtype)`` instead of an array leaves that data unwritten (zeros)."""
+    """A shard's file image and the offset of each contiguous dataset's data; a ``(shape, dtype)`` instead of an
+    array leaves that data unwritten (zeros)."""
     # A name of its own: libhdf5 refuses to open two files of one name at once (nothing is created on disk).
     name = f"rolloutcli-shard-{next(_BUILDS)}.h5"
-    handle = h5py.File(name, "w", driver="core", backing_store=False, libver=("earliest", "latest"))
-    try:
+    with h5py.File(name, "w", driver="core", backing_store=False, libver=("earliest", "latest")) as handle:
         for key, value in attrs.items():
             handle.attrs[key] = value
         offsets = {}
@@ -141,8 +117,6 @@ def _image(
                 handle[group].attrs[key] = value
         handle.flush()
         return handle.id.get_file_image(), offsets
-    finally:
-        handle.close()
 
 
 def shard_bytes(
@@ -158,10 +132,7 @@ def shard_bytes(
 
 def _layout(shapes: Shapes, attrs: Mapping[str, Any], group_attrs: Mapping[str, Mapping[str, Any]]) -> Layout:
     """An uncompressed shard's file as a sequence: metadata bytes, or the name of a dataset whose data go there.
-
-    Filling a layout with the arrays' bytes gives :func:`shard_bytes` byte for byte, without copying the data
-    into libhdf5's image and out again (a benchmark showed those copies cost a third of the export).
-    """
+    Filled with the arrays' bytes it equals :func:`shard_bytes`, without copying the data through libhdf5."""
     image, offsets = _image(shapes, attrs, group_attrs)
     parts: list[bytes | str] = []
     cursor = 0
@@ -179,11 +150,8 @@ def _layout(shapes: Shapes, attrs: Mapping[str, Any], group_attrs: Mapping[str, 
 
 
 def _write_segments(path: Path, segments: Sequence[Segment], *, fsync: bool = False) -> int:
-    """Write ``segments`` to a new file with plain Python I/O; return the byte count.
-
-    Without ``fsync``, the kernel is asked to start writing the file to disk at once (not waiting for it):
-    the fsync of the folder's publish then finds it (nearly) done.
-    """
+    """Write ``segments`` to a new file with plain Python I/O; return the byte count. Without ``fsync`` the
+    kernel starts writing it back at once, so the folder's publishing fsync finds it (nearly) done."""
     written = 0
     with open(path, "xb") as handle:
         for segment in segments:
@@ -206,10 +174,9 @@ def _sha256(segments: Sequence[Segment]) -> str:
 class ShardWriter:
     """Write shards into ``folder`` in the background: one thread builds and writes each shard, another hashes it.
 
-    ``submit`` returns once the *previous* shard is built, written and hashed, so a caller that alternates two
-    sets of buffers can refill one while the other is written. ``results`` maps file name to
-    ``(bytes, sha256)``. Use as a context manager: leaving it waits for every thread (also on errors, so
-    nothing writes into a folder that is being removed).
+    ``submit`` returns once the *previous* shard is written and hashed, so a caller alternating two sets of
+    buffers refills one while the other is written. ``results`` maps file name to ``(bytes, sha256)``. Leaving
+    the context waits for every thread (also on errors: nothing writes into a folder being removed).
     """
 
     def __init__(
@@ -238,7 +205,7 @@ class ShardWriter:
     def __exit__(self, *exc: object) -> None:
         try:
             if exc[0] is None:
-                self.wait_all()
+                self.wait()
         finally:
             self._writer.shutdown(wait=True, cancel_futures=True)
             self._hasher.shutdown(wait=True, cancel_futures=True)
@@ -278,21 +245,15 @@ class ShardWriter:
         self._pending = (name, self._writer.submit(self._write, name, tensors))
 
     def wait(self) -> None:
-        """Block until the shard in flight is written and hashed; raise ``RolloutError`` (exit 3) if it failed."""
+        """Block until the shard in flight (so every shard) is written and hashed; raise ``RolloutError`` (exit 3)
+        if it failed. (Durable once ``atomic_folder`` publishes the folder.)"""
         if self._pending is not None:
             name, future = self._pending
             self._pending = None
             self.results[name] = future.result()
 
-    def wait_all(self) -> None:
-        """Block until every shard is written and hashed (durability comes from the folder's publish, which
-        fsyncs every file in it: :func:`rolloutcli.hdf5.atomic.atomic_folder`)."""
-        self.wait()
 
-
-# ----------------------------------------------------------------------------------------------------------
-# Manifest
-# ----------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------ manifest
 
 
 def write_manifest(folder: Path, manifest: Mapping[str, Any]) -> None:
@@ -306,8 +267,8 @@ def write_manifest(folder: Path, manifest: Mapping[str, Any]) -> None:
 
 
 def manifest_text(path: Path) -> str:
-    """The manifest's text: a regular file (never a FIFO or device: opened without blocking, checked before
-    reading) of at most ``MANIFEST_MAX_BYTES``."""
+    """The manifest's text: a regular file (opened without blocking, so a FIFO cannot hang) of at most
+    ``MANIFEST_MAX_BYTES``."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(fd)
@@ -328,10 +289,8 @@ def is_shard_folder(folder: Path) -> bool:
 
 
 def read_shard(path: Path, safety: SafetyOptions | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Every dataset of a shard (audited like any input) and its attributes.
-
-    Returns ``({dataset path: array}, {"": root attrs, group path: attrs, ...})``.
-    """
+    """Every dataset of a shard (audited like any input) and its attributes:
+    ``({dataset path: array}, {"": root attrs, group path: attrs, ...})``."""
     arrays: dict[str, np.ndarray] = {}
     attrs: dict[str, Any] = {}
     with open_hdf5(path, safety) as handle:

@@ -1,7 +1,6 @@
 """A whole rollout file to and from a dict of tensors keyed by dataset path (``RolloutStorage``'s I/O).
 
-``read_rollout`` goes through the same front door as every command (``RolloutReader``: regular-file check,
-metadata probe in a child process, audit, limits, value checks); ``write_rollout`` writes through
+``read_rollout`` reads through ``RolloutReader`` (the commands' checks); ``write_rollout`` writes through
 ``RolloutOutput`` into a temporary file renamed when complete. Neither knows ``RolloutStorage``.
 """
 
@@ -25,17 +24,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class Rollout:
-    """What ``read_rollout`` returns.
-
-    Attributes:
-        tensors: every field of the file (extras excluded), normalised as
-            :mod:`rolloutcli.fields` says (scalars ``[T, n]``, flags uint8), keyed by dataset path.
-        T, N: steps and envs (N of the env slice read).
-        observations: observation group -> dataset path.
-        hidden: ``"actor"``/``"critic"`` -> dataset paths (h[, c]).
-        distribution: distribution parameter names in tuple order.
-        attrs: the file's root attributes.
-    """
+    """What ``read_rollout`` returns: every field but the extras, normalised (:mod:`rolloutcli.fields`), keyed by
+    dataset path; ``N`` counts the envs read; ``observations``, ``hidden`` and ``attrs`` as in ``RolloutSchema``;
+    ``distribution``: the distribution parameter names in tuple order."""
 
     tensors: dict[str, torch.Tensor]
     T: int
@@ -44,11 +35,6 @@ class Rollout:
     hidden: dict[str, list[str]] = field(default_factory=dict)
     distribution: list[str] = field(default_factory=list)
     attrs: dict[str, Any] = field(default_factory=dict)
-
-
-def distribution_order(reader: RolloutReader) -> list[str]:
-    """Distribution parameter names in tuple order (see ``RolloutReader.distribution_order``)."""
-    return reader.distribution_order()
 
 
 def _env_range(envs: slice | None, num_envs: int, path: Path) -> tuple[int, int]:

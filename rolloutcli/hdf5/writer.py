@@ -1,18 +1,15 @@
 """Write HDF5 outputs: the output half of the front door (no pipeline holds an h5py object).
 
-``RolloutOutput`` is a new file at the temporary path that ``atomic.atomic_file`` yields: it creates datasets,
-writes blocks, copies untouched datasets verbatim from its source (HDF5 object copy moves the stored,
-possibly compressed chunks without decoding them), copies attributes with their object references re-pointed
-into the output, and translates every libhdf5 failure itself: an operating-system fault (disk full...) is an
-I/O error of the output (exit 3), a failed object copy is a read error of the source (its chunks are read),
-anything else libhdf5 refuses is an error writing the output, never blamed on the input.
-
-The helpers at the end (``open_for_update``, ``create_empty``, ``write_env_block``) add datasets to a copy
-of a file (``gae``).
+``RolloutOutput`` is a new file at the temporary path ``atomic.atomic_file`` yields: it creates datasets, writes
+blocks, copies untouched datasets verbatim from its source (HDF5 object copy moves the stored chunks without
+decoding them), copies attributes with object references re-pointed into the output, and translates libhdf5's
+failures: an operating-system fault is an I/O error of the output (exit 3), a failed object copy a read error
+of the source, anything else an error writing the output, never blamed on the input.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -45,11 +42,8 @@ def to_numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 def _access(low: int) -> h5py.h5p.PropFAID:
-    """File access from format ``low`` on, without HDF5's sieve buffer.
-
-    Streamed outputs are written as strided slabs (``[:, m0:m1]`` of a contiguous ``[L, M, ...]``); the sieve
-    buffer would read back and rewrite the bytes around each run.
-    """
+    """File access from format ``low`` on, without HDF5's sieve buffer: outputs are written as strided slabs
+    (``[:, m0:m1]`` of a contiguous ``[L, M, ...]``), around each of which it would read back and rewrite bytes."""
     access = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
     access.set_libver_bounds(low, h5py.h5f.LIBVER_LATEST)
     access.set_sieve_buf_size(0)
@@ -76,10 +70,8 @@ class RolloutOutput:
         if kind is None:
             self._do(self.file.close)
         else:
-            try:
+            with contextlib.suppress(*HDF5_ERRORS):  # the exception on its way says what went wrong first
                 self.file.close()
-            except HDF5_ERRORS:
-                pass  # the exception already on its way says what went wrong first
 
     def _do(self, fn: Callable[[], R]) -> R:
         try:
@@ -204,37 +196,6 @@ def _repoint(value: Any, source: h5py.File, out: h5py.File, rename: Callable[[st
     return value
 
 
-# ------------------------------------------------------------------------------ adding datasets to a copy (gae)
-
-
 def open_for_update(path: Any) -> h5py.File:
-    """Open our own temporary copy of a file for adding datasets (never an input)."""
+    """Open our own temporary copy of a file for adding datasets (``gae``; never an input)."""
     return h5py.File(h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDWR, fapl=_access(h5py.h5f.LIBVER_EARLIEST)))
-
-
-def create_empty(
-    handle: h5py.File,
-    name: str,
-    shape: tuple[int, ...],
-    dtype: np.dtype | str,
-    chunks: tuple[int, ...] | None = None,
-    compression: str | None = None,
-) -> h5py.Dataset:
-    """Create a dataset to be filled block by block (contiguous and uncompressed by default: fastest)."""
-    options: dict[str, Any] = {}
-    if compression:
-        options["compression"] = compression
-        options["chunks"] = chunks or True
-    elif chunks:
-        options["chunks"] = chunks
-    return handle.create_dataset(name, shape=shape, dtype=np.dtype(dtype), **options)
-
-
-def write_env_block(
-    dataset: h5py.Dataset, env_axis: int, start: int, stop: int, value: torch.Tensor | np.ndarray
-) -> None:
-    """Write ``value`` into the env slice ``[start:stop]`` along ``env_axis``."""
-    index: list[slice] = [slice(None)] * dataset.ndim
-    index[env_axis] = slice(start, stop)
-    shape = (*dataset.shape[:env_axis], stop - start, *dataset.shape[env_axis + 1 :])
-    dataset[tuple(index)] = to_numpy(value).reshape(shape)

@@ -23,7 +23,6 @@ from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajector
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
-from rolloutcli.hdf5.storage_io import distribution_order
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
 from rolloutcli.pipeline.shard_export import (
@@ -205,7 +204,7 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
         generator=torch.Generator().manual_seed(options.seed),
     )
     exported = any(f.name.startswith("distribution/") for f in fields)
-    distribution = distribution_order(reader) if exported else []
+    distribution = reader.distribution_order() if exported else []
     order = ORDER_TEXT[(options.mode, "shuffle" if options.shuffle_envs else options.rsl_parity)]
     common = {"rows_per_epoch": sum(plan.passes[0].sizes), "dropped_rows": plan.dropped_rows}
     common["dropped_envs"] = plan.dropped_envs

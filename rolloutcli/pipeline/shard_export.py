@@ -321,7 +321,7 @@ def run_export(
                 )
                 progress.start(job.label, sum(len(p.sizes) for p in passes) + len(passes) * len(blocks))
                 _export_passes(reader, job, emitter, out.tmp, blocks, run.max_memory)
-                out.writer.wait_all()
+                out.writer.wait()
                 entries = emitter.entries()  # every shard's hash is known now
                 head = {"format": MANIFEST_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode}
                 source = source_record(reader, out.source_hash.result())
