@@ -1,9 +1,5 @@
-"""The numbers ``inspect`` shows, computed blockwise and merged, as plain data (numpy only: no torch).
-
-``Moments`` and ``ExactMoments`` live in :mod:`rolloutcli.core.moments` and are re-exported here.
-
-Every accumulator here can be built from one env block and merged with another (``merge``), so a file
-larger than memory is summarised block by block with the same result as a single pass.
+"""The numbers ``inspect`` shows as plain data (numpy only), built per env block and merged (``merge``), so a
+file larger than memory is summarised block by block with the same result as a single pass.
 """
 
 from __future__ import annotations
@@ -13,9 +9,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rolloutcli.core.moments import ExactMoments, Moments, host_array
+from rolloutcli.core.moments import Moments, host_array
 
-__all__ = ["EpisodeStats", "ExactMoments", "Moments"]
+__all__ = ["EpisodeStats", "Moments"]
 
 
 @dataclass
