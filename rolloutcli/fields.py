@@ -1,11 +1,6 @@
-"""The rollout file's fields (format contract v1), as one table that every module iterates.
-
-Each row names a dataset (or a group of datasets, ``observations/<key>``) and says how it is laid out and
-loaded. Adding a field is one row here: the schema checks its shape, the reader normalises it, ``inspect``
-reports it, ``split`` pads it and ``RolloutStorage`` loads and saves it. Datasets that match no row are
-*extras*: carried along untouched (and split like any field when laid out ``[T, N, ...]``).
-
-No h5py, numpy or torch here: dtypes are numpy dtype names.
+"""The rollout file's fields (format contract v1), as one table that every module iterates: adding a field is
+one row here. Datasets that match no row are *extras*, carried along untouched (and split like any field when
+laid out ``[T, N, ...]``). No h5py, numpy or torch here: dtypes are numpy dtype names.
 """
 
 from __future__ import annotations
@@ -92,12 +87,6 @@ def field_of(path: str) -> Field | None:
     if row is None or (row.group != bool(rest) and path != "observations"):
         return None
     return row
-
-
-def role_of(path: str) -> str:
-    """The role of a dataset path (its row's role, or ``extra``)."""
-    row = field_of(path)
-    return EXTRA if row is None else row.role
 
 
 def by_flag(**wanted: object) -> list[Field]:

@@ -9,31 +9,14 @@
     for batch in DataLoader(dataset, batch_size=None, num_workers=2):   # batch_size=None: shards are batches
         loss = ppo_loss(batch.observations, batch.actions, batch.advantages, ...)
 
-Items come in manifest order (epoch, then mini-batch, then step for distillation), with any number of
-``DataLoader`` workers: the ``DataLoader`` takes item ``i`` from worker ``i % W``, so worker ``w`` yields the
-items ``w, w + W, ...`` of a pass (one item per shard, or one per step of a distillation shard; a worker
-reads only the shards that hold its items).
+Items come in manifest order (epoch, mini-batch, then step for distillation); with ``W`` ``DataLoader``
+workers, worker ``w`` yields the items ``w, w + W, ...`` of a pass and reads only the shards that hold them.
 
-Shapes. Shard files store per-step scalars as ``[B]`` (the format contract); batches come in RSL-RL's
-shapes, where ``values``, ``advantages``, ``returns``, ``old_actions_log_prob`` and ``dones`` carry a
-trailing 1:
-
-Observations of ``Batch`` items are a ``tensordict.TensorDict`` (RSL-RL's type), so batches go straight into
-RSL-RL's ``PPO.update()`` / ``Distillation.update()``; ``tensordict=False`` gives plain dicts.
-
-* feed-forward: ``observations {key: [B, ...]}``, ``actions [B, *A]``, scalars ``[B, 1]``,
-  ``old_distribution_params`` ``([B, ...], ...)`` in the recorded order.
-* recurrent: ``observations {key: [T, M, ...]}`` (padded trajectories), ``masks [T, M]``, ``actions [T, G, *A]``,
-  scalars ``[T, G, 1]``, ``hidden_states = (actor, critic)``: ``[layers, M, H]`` (GRU) or a tuple (h, c)
-  (LSTM), None when the source had none.
-* distillation: one batch per time step, like RSL-RL's ``generator()``: ``observations {key: [N, ...]}``,
-  ``privileged_actions [N, *A]``, ``dones [N, 1]``.
-* history (``batch --history K``): a dict per shard, ``{"observations": {key: [B, K, ...]},
-  "window_dones": [B, K], "window_env": [B], "window_end": [B]}`` (windows oldest to newest along dim 1;
-  window ``b`` holds steps ``window_end[b] - K + 1 .. window_end[b]`` of env ``window_env[b]``).
-
-``as_dict=True`` yields each shard's datasets as stored (``{"observations/policy": tensor, ..., "index": ...}``)
-plus ``"file"``, ``"epoch"`` and ``"mini_batch"``.
+Batches come in RSL-RL's shapes (scalars with a trailing 1; observations a ``TensorDict``, so batches go
+straight into RSL-RL's ``update()``): feed-forward and recurrent shards as RSL-RL's mini-batches, distillation
+as one batch per time step (RSL-RL's ``generator()``). History shards (``batch --history K``) come as dicts
+``{"observations": {key: [B, K, ...]}, "window_dones": [B, K], "window_env": [B], "window_end": [B]}``.
+``as_dict=True`` yields each shard's datasets as stored plus ``"file"``, ``"epoch"`` and ``"mini_batch"``.
 """
 
 from __future__ import annotations
@@ -82,14 +65,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+_DAMAGED = "The shard was modified or damaged after it was written; run `rolloutcli batch` again."
+
+
 def _missing(path: Path, name: str, expected: str) -> RolloutError:
-    fix = "The shard was modified or damaged after it was written; run `rolloutcli batch` again."
-    return RolloutError.field(path, name, expected, "nothing", fix)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The manifest
-# ----------------------------------------------------------------------------------------------------------
+    return RolloutError.field(path, name, expected, "nothing", _DAMAGED)
 
 
 def _check_source(manifest: dict[str, Any], bad: Any) -> None:
@@ -123,13 +103,8 @@ def _check_entry(folder: Path, where: str, entry: Any, bad: Any) -> None:
 
 
 def read_manifest(folder: Path | str) -> dict[str, Any]:
-    """Read and check ``folder/manifest.json``: format, mode, source, shard entries, and that every file
-    exists inside the folder (a shard that is a link resolving elsewhere is refused).
-
-    Raises:
-        RolloutError: missing folder or manifest (exit 3); malformed manifest or missing shard (exit 1),
-            every problem listed.
-    """
+    """Read and check ``folder/manifest.json``: format, mode, source, shard entries, and that every file exists
+    inside the folder (a link resolving elsewhere is refused). RolloutError listing every problem."""
     folder = Path(folder)
     path = folder / MANIFEST_NAME
     if not folder.is_dir():
@@ -182,18 +157,7 @@ def verify_shard(folder: Path, entry: Mapping[str, Any]) -> None:
     path = Path(folder) / entry["file"]
     found = file_sha256(path)
     if found != entry["sha256"]:
-        raise RolloutError.field(
-            path,
-            "sha256",
-            entry["sha256"],
-            found,
-            "The shard was modified or damaged after it was written; run `rolloutcli batch` again.",
-        )
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The dataset
-# ----------------------------------------------------------------------------------------------------------
+        raise RolloutError.field(path, "sha256", entry["sha256"], found, _DAMAGED)
 
 
 class ShardDataset(IterableDataset):
@@ -201,21 +165,12 @@ class ShardDataset(IterableDataset):
 
     Args:
         folder: output folder of ``rolloutcli batch`` (``manifest.json`` + shard files).
-        device: where the yielded tensors live. With ``DataLoader(num_workers>0)`` keep ``"cpu"`` (workers
-            hand tensors over through shared memory) and move batches in the training loop
-            (``pin_memory=True`` makes that copy asynchronous).
-        as_dict: yield each shard's datasets as stored instead of ``RolloutStorage.Batch`` objects (history
-            shards are always dicts; see the module docstring).
-        verify_checksums: check each shard's sha256 against the manifest before using it (reads the file
-            twice; the manifest itself is always checked).
+        device: where the yielded tensors live (keep ``"cpu"`` with ``DataLoader`` workers).
+        as_dict: yield each shard's datasets as stored instead of ``RolloutStorage.Batch`` objects.
+        verify_checksums: check each shard's sha256 against the manifest before using it.
         epochs: only these epochs (default: all).
-        tensordict: observations as a ``tensordict.TensorDict`` (RSL-RL's type) or a plain dict. Default:
-            TensorDict in ``Batch`` objects (they go straight into RSL-RL's ``update()``), plain dicts in
-            history items (a ``DataLoader``'s default collation cannot copy a TensorDict inside a dict).
-
-    Raises:
-        RolloutError: the folder, its manifest or a shard is missing, malformed, outside the folder, or
-            (``verify_checksums``) modified since it was written.
+        tensordict: observations as a ``TensorDict`` or a plain dict. Default: TensorDict in ``Batch`` objects,
+            plain dicts in history items (a ``DataLoader``'s default collation cannot copy a TensorDict in a dict).
     """
 
     def __init__(
@@ -320,8 +275,7 @@ class ShardDataset(IterableDataset):
         )
 
     def _history(self, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """A history shard as ``{"observations": {key: [B, K, ...]}, "window_dones": [B, K], "window_env": [B],
-        "window_end": [B]}`` (observations a ``TensorDict`` of batch size ``[B, K]`` with ``tensordict=True``)."""
+        """A history shard as a dict (see the module docstring)."""
         dones = tensors["window_dones"]
         out: dict[str, Any] = {"observations": self._observations(tensors, list(dones.shape))}
         out.update({name: tensors[name] for name in ("window_dones", "window_env", "window_end")})
