@@ -15,31 +15,18 @@ ENV = "[N]"  # one value per env (last_values)
 
 @dataclass(frozen=True)
 class Field:
-    """One row of the table.
+    """One row of the table."""
 
-    Attributes:
-        name: HDF5 path; for a group (``group=True``) the prefix of its datasets, ``name/<key>``.
-        layout: ``STEP``, ``HIDDEN`` or ``ENV``.
-        required: ``"always"``, the command that needs it (``"gae"``, ``"distillation"``) or ``""`` (optional).
-        load_dtype: dtype every reader returns (``"float32"``, ``"uint8"``), or None to keep the stored one.
-        flag: episode-end flag: stored as bool or 0/1, loaded as uint8 0/1.
-        trailing_one: a trailing axis of size 1 is accepted on disk and dropped on load (``[T, N, 1]``).
-        finite: NaN/Inf is a data problem (checked before any command runs).
-        group: the field is a group of datasets ``name/<key>`` (observation groups, distribution parameters).
-        batch_name: the attribute of an RSL-RL ``Batch`` it feeds (None: not in a batch).
-        storage_name: the attribute of ``RolloutStorage`` that holds it (scalars there as ``[T, N, 1]``).
-    """
-
-    name: str
-    layout: str = STEP
-    required: str = ""
-    load_dtype: str | None = None
-    flag: bool = False
-    trailing_one: bool = False
-    finite: bool = False
-    group: bool = False
-    batch_name: str | None = None
-    storage_name: str | None = None
+    name: str  # HDF5 path; for a group, the prefix of its datasets name/<key>
+    layout: str = STEP  # STEP, HIDDEN or ENV
+    required: str = ""  # "always", the command that needs it ("gae", "distillation") or "" (optional)
+    load_dtype: str | None = None  # dtype every reader returns, or None to keep the stored one
+    flag: bool = False  # episode-end flag: stored as bool or 0/1, loaded as uint8 0/1
+    trailing_one: bool = False  # a trailing axis of size 1 is accepted on disk and dropped on load
+    finite: bool = False  # NaN/Inf is a data problem (checked before any command runs)
+    group: bool = False  # a group of datasets name/<key> (observation groups, distribution parameters)
+    batch_name: str | None = None  # the attribute of an RSL-RL Batch it feeds
+    storage_name: str | None = None  # the attribute of RolloutStorage that holds it (scalars as [T, N, 1])
 
     @property
     def role(self) -> str:

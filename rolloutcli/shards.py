@@ -33,26 +33,17 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, RolloutError, problem_line
-from rolloutcli.hdf5.shards import (
-    FORMAT_VERSION,
-    MANIFEST_FORMAT,
-    MANIFEST_NAME,
-    manifest_text,
-    read_shard,
-)
+from rolloutcli.fields import FIELDS
+from rolloutcli.hdf5.shards import FORMAT_VERSION, MANIFEST_FORMAT, MANIFEST_NAME, manifest_text, read_shard
 from rolloutcli.storage import RolloutStorage
 
-SCALARS = {
-    "values": "values",
-    "advantages": "advantages",
-    "returns": "returns",
-    "actions_log_prob": "old_actions_log_prob",
-}
-
+# per-step scalars of a Batch (stored [B], given [B, 1]): dataset name -> Batch attribute
+SCALARS = {row.name: row.batch_name for row in FIELDS if row.trailing_one and row.batch_name and not row.flag}
 
 ENTRY_KEYS = ("file", "epoch", "mini_batch", "rows", "sha256")
 MODES = ("feedforward", "recurrent", "distillation", "history")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.h5$")  # a plain name inside the folder, no path
+_DAMAGED = "The shard was modified or damaged after it was written; run `rolloutcli batch` again."
 REQUIRED = {  # datasets every shard of a mode holds (besides observations/<key>)
     "feedforward": ("actions", "index"),
     "recurrent": ("actions", "masks"),
@@ -63,9 +54,6 @@ REQUIRED = {  # datasets every shard of a mode holds (besides observations/<key>
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-_DAMAGED = "The shard was modified or damaged after it was written; run `rolloutcli batch` again."
 
 
 def _missing(path: Path, name: str, expected: str) -> RolloutError:
@@ -143,21 +131,15 @@ def read_manifest(folder: Path | str) -> dict[str, Any]:
     return manifest
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, read in 8 MiB chunks."""
+def verify_shard(folder: Path, entry: Mapping[str, Any]) -> None:
+    """Raise ``RolloutError`` (exit 1) when a shard's bytes do not match the manifest's sha256."""
+    path = Path(folder) / entry["file"]
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(8 << 20):
             digest.update(chunk)
-    return digest.hexdigest()
-
-
-def verify_shard(folder: Path, entry: Mapping[str, Any]) -> None:
-    """Raise ``RolloutError`` (exit 1) when a shard's bytes do not match the manifest's sha256."""
-    path = Path(folder) / entry["file"]
-    found = file_sha256(path)
-    if found != entry["sha256"]:
-        raise RolloutError.field(path, "sha256", entry["sha256"], found, _DAMAGED)
+    if digest.hexdigest() != entry["sha256"]:
+        raise RolloutError.field(path, "sha256", entry["sha256"], digest.hexdigest(), _DAMAGED)
 
 
 class ShardDataset(IterableDataset):

@@ -158,11 +158,8 @@ class RolloutStorage:
             parts = state if isinstance(state, tuple) else (state,)
             attribute = f"saved_hidden_state_{which}"
             if getattr(self, attribute) is None:
-                setattr(
-                    self,
-                    attribute,
-                    [torch.zeros(self.num_transitions_per_env, *p.shape, device=self.device) for p in parts],
-                )
+                zeros = [torch.zeros(self.num_transitions_per_env, *p.shape, device=self.device) for p in parts]
+                setattr(self, attribute, zeros)
             for buffer, part in zip(getattr(self, attribute), parts, strict=True):
                 buffer[self.step].copy_(part)
 
@@ -273,10 +270,7 @@ class RolloutStorage:
                 order = feedforward_order(total, num_mini_batches, parity=False, generator=generator)
                 indices = order.to(self.device)
             assert indices is not None
-            start = 0
-            for size in sizes:
-                batch_idx = indices[start : start + size]
-                start += size
+            for batch_idx in torch.split(indices, sizes):
                 yield RolloutStorage.Batch(
                     observations=_select(observations, lambda x, idx=batch_idx: x[idx]),
                     actions=actions[batch_idx],
@@ -317,17 +311,12 @@ class RolloutStorage:
 
     def _recurrent_batch(self, envs: torch.Tensor) -> dict[str, Any]:
         """The fields of one recurrent mini-batch over the env ids ``envs`` (ascending)."""
-        count = envs.numel()
-        if int(envs[-1]) - int(envs[0]) + 1 == count:  # contiguous: views, like RSL-RL's slices
-            first = int(envs[0])
+        first, count = int(envs[0]), envs.numel()
+        contiguous = int(envs[-1]) - first + 1 == count  # then views, like RSL-RL's slices
+        columns = slice(first, first + count) if contiguous else envs.to(self.device)
 
-            def take(x: Any) -> Any:
-                return x[:, first : first + count]
-        else:
-            index = envs.to(self.device)
-
-            def take(x: Any) -> Any:
-                return x[:, index]
+        def take(x: Any) -> Any:
+            return x[:, columns]
 
         dones = take(self.dones)
         observations, masks = split_and_pad_trajectories(_select(self.observations, take), dones)

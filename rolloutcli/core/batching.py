@@ -40,19 +40,12 @@ def parity_sizes(total: int, parts: int) -> list[int]:
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """The mini-batches of one pass (one epoch, or every epoch when they all share one order).
+    """The mini-batches of one pass (one epoch, or every epoch when they all share one order)."""
 
-    Attributes:
-        sizes: rows of each mini-batch.
-        rows: ``[sum(sizes)]`` int64 source rows ``t * N + n``, mini-batch after mini-batch, in slot order.
-        envs: recurrent only: the env ids of each mini-batch (``[G]`` int64, ascending).
-        steps: distillation only: the ``(start, stop)`` step range of each mini-batch.
-    """
-
-    sizes: tuple[int, ...]
-    rows: torch.Tensor
-    envs: tuple[torch.Tensor, ...] | None = None
-    steps: tuple[tuple[int, int], ...] | None = None
+    sizes: tuple[int, ...]  # rows of each mini-batch
+    rows: torch.Tensor  # [sum(sizes)] int64 source rows t * N + n, mini-batch after mini-batch, in slot order
+    envs: tuple[torch.Tensor, ...] | None = None  # recurrent: each mini-batch's env ids ([G] int64, ascending)
+    steps: tuple[tuple[int, int], ...] | None = None  # distillation: each mini-batch's (start, stop) steps
 
     @cached_property
     def offsets(self) -> list[int]:
@@ -72,21 +65,13 @@ class ShardPlan:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """Every epoch's mini-batches. Epochs that share an order share a pass (written once, listed per epoch).
+    """Every epoch's mini-batches. Epochs that share an order share a pass (written once, listed per epoch)."""
 
-    Attributes:
-        mode: ``feedforward``, ``recurrent`` or ``distillation``.
-        passes: the distinct passes.
-        epoch_pass: for each epoch, the index of its pass.
-        dropped_rows: source rows in no mini-batch (RSL-RL parity only).
-        dropped_envs: env ids in no mini-batch (recurrent RSL-RL parity only).
-    """
-
-    mode: str
-    passes: list[ShardPlan]
-    epoch_pass: list[int]
-    dropped_rows: int = 0
-    dropped_envs: list[int] = field(default_factory=list)
+    mode: str  # feedforward, recurrent, distillation or history
+    passes: list[ShardPlan]  # the distinct passes
+    epoch_pass: list[int]  # for each epoch, the index of its pass
+    dropped_rows: int = 0  # source rows in no mini-batch (RSL-RL parity only)
+    dropped_envs: list[int] = field(default_factory=list)  # env ids in no mini-batch (recurrent parity only)
 
 
 def feedforward_order(

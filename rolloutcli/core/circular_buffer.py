@@ -13,13 +13,14 @@ for (``debug=True``); otherwise they read the newest entry, as in Isaac Lab.
 
 from __future__ import annotations
 
-import itertools
 import operator
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+
+from rolloutcli.core.batching import split_sizes
 
 BatchIds = Sequence[int] | slice | torch.Tensor | None
 
@@ -256,14 +257,12 @@ class CircularBuffer:
         steps_back = torch.div(chosen, self._batch_size, rounding_mode="floor")
         env_ids = torch.remainder(chosen, self._batch_size)
         samples = self._gather(storage, steps_back, env_ids)
-        base, extra = divmod(count, num_mini_batches)
-        bounds = list(itertools.accumulate((base + (i < extra) for i in range(num_mini_batches)), initial=0))
+        sizes = split_sizes(count, num_mini_batches)
 
         def epochs() -> Iterator[Any]:  # a generator of its own, so that the checks above run at call time
             for _ in range(num_epochs):
                 order = torch.randperm(count, generator=generator, device=self._device)
-                for start, stop in itertools.pairwise(bounds):
-                    pick = order[start:stop]
+                for pick in torch.split(order, sizes):
                     batch = samples.index_select(0, pick)
                     yield (batch, steps_back[pick], env_ids[pick]) if return_indices else batch
 

@@ -44,10 +44,8 @@ def _as_float(x: torch.Tensor, name: str, keep_float64: bool = False) -> torch.T
 
 def _as_flag(x: torch.Tensor) -> torch.Tensor:
     """Contiguous one-byte flags, nonzero = set. bool and (u)int8 are reinterpreted without a copy."""
-    if x.dtype in (torch.bool, torch.int8):
+    if x.dtype in (torch.bool, torch.int8, torch.uint8):
         return x.contiguous().view(torch.uint8)
-    if x.dtype == torch.uint8:
-        return x.contiguous()
     return (x != 0).view(torch.uint8).contiguous()
 
 
@@ -132,8 +130,11 @@ def compute_gae(
     adv, ret = _outputs(r, out)
     if backend == "auto":
         backend = "cpu" if r.device.type == "cpu" else "torch"
-    if backend == "torch":
-        _gae_torch(r, v, d, lv, gamma, lam, adv, ret)
+    if backend == "torch":  # the scan: A_t = delta_t + c_t * A_{t+1}, c_t = not_done_t * gamma * lam
+        nd_gamma = (d == 0).to(torch.float32) * gamma  # RSL-RL's operation order
+        delta = r + nd_gamma * torch.cat([v[1:], lv.unsqueeze(0)], dim=0) - v
+        torch.add(_reverse_linear_scan(nd_gamma * lam, delta), v, out=ret)
+        torch.sub(ret, v, out=adv)
     elif r.device.type != "cpu":
         raise ValueError(f"backend 'cpu' needs CPU tensors, found {r.device}; use backend='torch' or 'auto'")
     else:
@@ -162,25 +163,6 @@ def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
     unbiased std: RSL-RL's own expression, so the bits are RSL-RL's in the same process (the rounding of torch's
     reduction depends on the thread count and the device). One element gives NaN, as in RSL-RL."""
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-
-
-def _gae_torch(
-    r: torch.Tensor,
-    v: torch.Tensor,
-    d: torch.Tensor,
-    lv: torch.Tensor,
-    gamma: float,
-    lam: float,
-    adv: torch.Tensor,
-    ret: torch.Tensor,
-) -> None:
-    """GAE on any device with ``ceil(log2 T)`` rounds of whole-tensor ops; writes float32 ``[T, N]`` adv and ret."""
-    nd_gamma = (d == 0).to(torch.float32) * gamma  # not_done * gamma, RSL-RL's operation order
-    next_v = torch.cat([v[1:], lv.unsqueeze(0)], dim=0)
-    b = r + nd_gamma * next_v - v  # delta_t
-    c = nd_gamma * lam
-    torch.add(_reverse_linear_scan(c, b), v, out=ret)
-    torch.sub(ret, v, out=adv)
 
 
 def _reverse_linear_scan(c: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -99,23 +99,16 @@ def gae_arrays(
             raise ValueError(f"{name}: expected a writeable array")
     if steps and envs:
         if native.library() is None:
-            _gae_loop(rewards, values, dones, last_values, gamma, lam, adv, ret)
+            _gae_loop((rewards, values, dones, last_values, adv, ret), gamma, lam)
         else:
             _gae_compiled((rewards, values, dones, last_values, adv, ret), gamma, lam, threads or cpu_threads())
     return adv, ret
 
 
-def _gae_loop(
-    r: np.ndarray,
-    v: np.ndarray,
-    d: np.ndarray,
-    lv: np.ndarray,
-    gamma: float,
-    lam: float,
-    adv: np.ndarray,
-    ret: np.ndarray,
-) -> None:
-    """The kernel's float32 operations in the kernel's order, vectorised over envs (the build without C)."""
+def _gae_loop(arrays: tuple[np.ndarray, ...], gamma: float, lam: float) -> None:
+    """The kernel's float32 operations in the kernel's order on ``(r, v, d, lv, adv, ret)``, vectorised over envs
+    (the build without C)."""
+    r, v, d, lv, adv, ret = arrays
     g32, l32 = np.float32(gamma), np.float32(lam)
     carry = np.zeros(r.shape[1], np.float32)
     x, y = np.empty_like(carry), np.empty_like(carry)

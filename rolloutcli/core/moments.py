@@ -5,7 +5,7 @@ advantage statistics (:class:`ExactMoments` keeps exact sums: its result does no
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,12 +54,8 @@ class Moments:
         )
 
     def merge(self, other: Moments) -> Moments:
-        if other.count == 0:
-            return Moments(self.count, self.mean, self.m2, self.minimum, self.maximum, self.nonfinite + other.nonfinite)
-        if self.count == 0:
-            return Moments(
-                other.count, other.mean, other.m2, other.minimum, other.maximum, self.nonfinite + other.nonfinite
-            )
+        if other.count == 0 or self.count == 0:
+            return replace(other if other.count else self, nonfinite=self.nonfinite + other.nonfinite)
         count = self.count + other.count
         delta = other.mean - self.mean
         return Moments(
