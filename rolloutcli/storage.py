@@ -32,11 +32,6 @@ def _select(observations: Any, fn: Callable[[Any], Any]) -> Any:
     return {key: fn(value) for key, value in observations.items()}
 
 
-def _unwrap(states: tuple[torch.Tensor, ...]) -> HiddenState:
-    """RSL-RL's hidden-state convention: a GRU's single tensor bare, an LSTM's (h, c) as a tuple."""
-    return states[0] if len(states) == 1 else states
-
-
 class RolloutStorage:
     """Storage for the data collected during a rollout (RSL-RL's API and layout)."""
 
@@ -327,7 +322,7 @@ class RolloutStorage:
                 hidden.append(None)
                 continue
             states = hidden_states_at_starts([take(state.transpose(1, 2)).transpose(1, 2) for state in saved], spans)
-            hidden.append(_unwrap(tuple(states)))
+            hidden.append(states[0] if len(states) == 1 else tuple(states))  # RSL-RL's: a GRU's state bare
         params = self.distribution_params
         return {
             "observations": observations,

@@ -49,17 +49,6 @@ def _as_flag(x: torch.Tensor) -> torch.Tensor:
     return (x != 0).view(torch.uint8).contiguous()
 
 
-def _check_shapes(shape: tuple[int, ...], tensors: dict[str, torch.Tensor | None]) -> None:
-    device = tensors["rewards"].device  # type: ignore[union-attr]
-    for name, x in tensors.items():
-        if x is None:
-            continue
-        if x.device != device:
-            raise ValueError(f"all inputs must be on one device, found {device} and {x.device}")
-        if name != "last_values" and tuple(x.shape) != shape:
-            raise ValueError(f"{name}: expected shape {list(shape)} like rewards, found {list(x.shape)}")
-
-
 def _prepare(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -78,7 +67,11 @@ def _prepare(
         lv = lv[:, 0]
     if tuple(lv.shape) != (r.shape[1],):
         raise ValueError(f"last_values: expected shape [{r.shape[1]}] or [{r.shape[1]}, 1], found {list(lv.shape)}")
-    _check_shapes(tuple(r.shape), {"rewards": r, "values": v, "dones": d, "time_outs": to, "last_values": lv})
+    for name, x in (("values", v), ("dones", d), ("time_outs", to), ("last_values", lv)):
+        if x is not None and x.device != r.device:
+            raise ValueError(f"all inputs must be on one device, found {r.device} and {x.device}")
+        if x is not None and name != "last_values" and x.shape != r.shape:
+            raise ValueError(f"{name}: expected shape {list(r.shape)} like rewards, found {list(x.shape)}")
     v32 = _as_float(v, "values")
     r = _as_float(r, "rewards", keep_float64=to is not None)
     if to is not None:
