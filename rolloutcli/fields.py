@@ -1,11 +1,6 @@
-"""The rollout file's fields (format contract v1), as one table that every module iterates.
-
-Each row names a dataset (or a group of datasets, ``observations/<key>``) and says how it is laid out and
-loaded. Adding a field is one row here: the schema checks its shape, the reader normalises it, ``inspect``
-reports it, ``split`` pads it and ``RolloutStorage`` loads and saves it. Datasets that match no row are
-*extras*: carried along untouched (and split like any field when laid out ``[T, N, ...]``).
-
-No h5py, numpy or torch here: dtypes are numpy dtype names.
+"""The rollout file's fields (format contract v1), as one table that every module iterates: adding a field is
+one row here. Datasets that match no row are *extras*, carried along untouched (and split like any field when
+laid out ``[T, N, ...]``). No h5py, numpy or torch here: dtypes are numpy dtype names.
 """
 
 from __future__ import annotations
@@ -20,31 +15,18 @@ ENV = "[N]"  # one value per env (last_values)
 
 @dataclass(frozen=True)
 class Field:
-    """One row of the table.
+    """One row of the table."""
 
-    Attributes:
-        name: HDF5 path; for a group (``group=True``) the prefix of its datasets, ``name/<key>``.
-        layout: ``STEP``, ``HIDDEN`` or ``ENV``.
-        required: ``"always"``, the command that needs it (``"gae"``, ``"distillation"``) or ``""`` (optional).
-        load_dtype: dtype every reader returns (``"float32"``, ``"uint8"``), or None to keep the stored one.
-        flag: episode-end flag: stored as bool or 0/1, loaded as uint8 0/1.
-        trailing_one: a trailing axis of size 1 is accepted on disk and dropped on load (``[T, N, 1]``).
-        finite: NaN/Inf is a data problem (checked before any command runs).
-        group: the field is a group of datasets ``name/<key>`` (observation groups, distribution parameters).
-        batch_name: the attribute of an RSL-RL ``Batch`` it feeds (None: not in a batch).
-        storage_name: the attribute of ``RolloutStorage`` that holds it (scalars there as ``[T, N, 1]``).
-    """
-
-    name: str
-    layout: str = STEP
-    required: str = ""
-    load_dtype: str | None = None
-    flag: bool = False
-    trailing_one: bool = False
-    finite: bool = False
-    group: bool = False
-    batch_name: str | None = None
-    storage_name: str | None = None
+    name: str  # HDF5 path; for a group, the prefix of its datasets name/<key>
+    layout: str = STEP  # STEP, HIDDEN or ENV
+    required: str = ""  # "always", the command that needs it ("gae", "distillation") or "" (optional)
+    load_dtype: str | None = None  # dtype every reader returns, or None to keep the stored one
+    flag: bool = False  # episode-end flag: stored as bool or 0/1, loaded as uint8 0/1
+    trailing_one: bool = False  # a trailing axis of size 1 is accepted on disk and dropped on load
+    finite: bool = False  # NaN/Inf is a data problem (checked before any command runs)
+    group: bool = False  # a group of datasets name/<key> (observation groups, distribution parameters)
+    batch_name: str | None = None  # the attribute of an RSL-RL Batch it feeds
+    storage_name: str | None = None  # the attribute of RolloutStorage that holds it (scalars as [T, N, 1])
 
     @property
     def role(self) -> str:
@@ -92,12 +74,6 @@ def field_of(path: str) -> Field | None:
     if row is None or (row.group != bool(rest) and path != "observations"):
         return None
     return row
-
-
-def role_of(path: str) -> str:
-    """The role of a dataset path (its row's role, or ``extra``)."""
-    row = field_of(path)
-    return EXTRA if row is None else row.role
 
 
 def by_flag(**wanted: object) -> list[Field]:

@@ -9,31 +9,14 @@
     for batch in DataLoader(dataset, batch_size=None, num_workers=2):   # batch_size=None: shards are batches
         loss = ppo_loss(batch.observations, batch.actions, batch.advantages, ...)
 
-Items come in manifest order (epoch, then mini-batch, then step for distillation), with any number of
-``DataLoader`` workers: the ``DataLoader`` takes item ``i`` from worker ``i % W``, so worker ``w`` yields the
-items ``w, w + W, ...`` of a pass (one item per shard, or one per step of a distillation shard; a worker
-reads only the shards that hold its items).
+Items come in manifest order (epoch, mini-batch, then step for distillation); with ``W`` ``DataLoader``
+workers, worker ``w`` yields the items ``w, w + W, ...`` of a pass and reads only the shards that hold them.
 
-Shapes. Shard files store per-step scalars as ``[B]`` (the format contract); batches come in RSL-RL's
-shapes, where ``values``, ``advantages``, ``returns``, ``old_actions_log_prob`` and ``dones`` carry a
-trailing 1:
-
-Observations of ``Batch`` items are a ``tensordict.TensorDict`` (RSL-RL's type), so batches go straight into
-RSL-RL's ``PPO.update()`` / ``Distillation.update()``; ``tensordict=False`` gives plain dicts.
-
-* feed-forward: ``observations {key: [B, ...]}``, ``actions [B, *A]``, scalars ``[B, 1]``,
-  ``old_distribution_params`` ``([B, ...], ...)`` in the recorded order.
-* recurrent: ``observations {key: [T, M, ...]}`` (padded trajectories), ``masks [T, M]``, ``actions [T, G, *A]``,
-  scalars ``[T, G, 1]``, ``hidden_states = (actor, critic)``: ``[layers, M, H]`` (GRU) or a tuple (h, c)
-  (LSTM), None when the source had none.
-* distillation: one batch per time step, like RSL-RL's ``generator()``: ``observations {key: [N, ...]}``,
-  ``privileged_actions [N, *A]``, ``dones [N, 1]``.
-* history (``batch --history K``): a dict per shard, ``{"observations": {key: [B, K, ...]},
-  "window_dones": [B, K], "window_env": [B], "window_end": [B]}`` (windows oldest to newest along dim 1;
-  window ``b`` holds steps ``window_end[b] - K + 1 .. window_end[b]`` of env ``window_env[b]``).
-
-``as_dict=True`` yields each shard's datasets as stored (``{"observations/policy": tensor, ..., "index": ...}``)
-plus ``"file"``, ``"epoch"`` and ``"mini_batch"``.
+Batches come in RSL-RL's shapes (scalars with a trailing 1; observations a ``TensorDict``, so batches go
+straight into RSL-RL's ``update()``): feed-forward and recurrent shards as RSL-RL's mini-batches, distillation
+as one batch per time step (RSL-RL's ``generator()``). History shards (``batch --history K``) come as dicts
+``{"observations": {key: [B, K, ...]}, "window_dones": [B, K], "window_env": [B], "window_end": [B]}``.
+``as_dict=True`` yields each shard's datasets as stored plus ``"file"``, ``"epoch"`` and ``"mini_batch"``.
 """
 
 from __future__ import annotations
@@ -50,26 +33,17 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, RolloutError, problem_line
-from rolloutcli.hdf5.shards import (
-    FORMAT_VERSION,
-    MANIFEST_FORMAT,
-    MANIFEST_NAME,
-    manifest_text,
-    read_shard,
-)
+from rolloutcli.fields import FIELDS
+from rolloutcli.hdf5.shards import FORMAT_VERSION, MANIFEST_FORMAT, MANIFEST_NAME, manifest_text, read_shard
 from rolloutcli.storage import RolloutStorage
 
-SCALARS = {
-    "values": "values",
-    "advantages": "advantages",
-    "returns": "returns",
-    "actions_log_prob": "old_actions_log_prob",
-}
-
+# per-step scalars of a Batch (stored [B], given [B, 1]): dataset name -> Batch attribute
+SCALARS = {row.name: row.batch_name for row in FIELDS if row.trailing_one and row.batch_name and not row.flag}
 
 ENTRY_KEYS = ("file", "epoch", "mini_batch", "rows", "sha256")
 MODES = ("feedforward", "recurrent", "distillation", "history")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.h5$")  # a plain name inside the folder, no path
+_DAMAGED = "The shard was modified or damaged after it was written; run `rolloutcli batch` again."
 REQUIRED = {  # datasets every shard of a mode holds (besides observations/<key>)
     "feedforward": ("actions", "index"),
     "recurrent": ("actions", "masks"),
@@ -83,13 +57,7 @@ def _text(value: Any) -> str:
 
 
 def _missing(path: Path, name: str, expected: str) -> RolloutError:
-    fix = "The shard was modified or damaged after it was written; run `rolloutcli batch` again."
-    return RolloutError.field(path, name, expected, "nothing", fix)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The manifest
-# ----------------------------------------------------------------------------------------------------------
+    return RolloutError.field(path, name, expected, "nothing", _DAMAGED)
 
 
 def _check_source(manifest: dict[str, Any], bad: Any) -> None:
@@ -123,13 +91,8 @@ def _check_entry(folder: Path, where: str, entry: Any, bad: Any) -> None:
 
 
 def read_manifest(folder: Path | str) -> dict[str, Any]:
-    """Read and check ``folder/manifest.json``: format, mode, source, shard entries, and that every file
-    exists inside the folder (a shard that is a link resolving elsewhere is refused).
-
-    Raises:
-        RolloutError: missing folder or manifest (exit 3); malformed manifest or missing shard (exit 1),
-            every problem listed.
-    """
+    """Read and check ``folder/manifest.json``: format, mode, source, shard entries, and that every file exists
+    inside the folder (a link resolving elsewhere is refused). RolloutError listing every problem."""
     folder = Path(folder)
     path = folder / MANIFEST_NAME
     if not folder.is_dir():
@@ -168,32 +131,15 @@ def read_manifest(folder: Path | str) -> dict[str, Any]:
     return manifest
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, read in 8 MiB chunks."""
+def verify_shard(folder: Path, entry: Mapping[str, Any]) -> None:
+    """Raise ``RolloutError`` (exit 1) when a shard's bytes do not match the manifest's sha256."""
+    path = Path(folder) / entry["file"]
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(8 << 20):
             digest.update(chunk)
-    return digest.hexdigest()
-
-
-def verify_shard(folder: Path, entry: Mapping[str, Any]) -> None:
-    """Raise ``RolloutError`` (exit 1) when a shard's bytes do not match the manifest's sha256."""
-    path = Path(folder) / entry["file"]
-    found = file_sha256(path)
-    if found != entry["sha256"]:
-        raise RolloutError.field(
-            path,
-            "sha256",
-            entry["sha256"],
-            found,
-            "The shard was modified or damaged after it was written; run `rolloutcli batch` again.",
-        )
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The dataset
-# ----------------------------------------------------------------------------------------------------------
+    if digest.hexdigest() != entry["sha256"]:
+        raise RolloutError.field(path, "sha256", entry["sha256"], digest.hexdigest(), _DAMAGED)
 
 
 class ShardDataset(IterableDataset):
@@ -201,21 +147,12 @@ class ShardDataset(IterableDataset):
 
     Args:
         folder: output folder of ``rolloutcli batch`` (``manifest.json`` + shard files).
-        device: where the yielded tensors live. With ``DataLoader(num_workers>0)`` keep ``"cpu"`` (workers
-            hand tensors over through shared memory) and move batches in the training loop
-            (``pin_memory=True`` makes that copy asynchronous).
-        as_dict: yield each shard's datasets as stored instead of ``RolloutStorage.Batch`` objects (history
-            shards are always dicts; see the module docstring).
-        verify_checksums: check each shard's sha256 against the manifest before using it (reads the file
-            twice; the manifest itself is always checked).
+        device: where the yielded tensors live (keep ``"cpu"`` with ``DataLoader`` workers).
+        as_dict: yield each shard's datasets as stored instead of ``RolloutStorage.Batch`` objects.
+        verify_checksums: check each shard's sha256 against the manifest before using it.
         epochs: only these epochs (default: all).
-        tensordict: observations as a ``tensordict.TensorDict`` (RSL-RL's type) or a plain dict. Default:
-            TensorDict in ``Batch`` objects (they go straight into RSL-RL's ``update()``), plain dicts in
-            history items (a ``DataLoader``'s default collation cannot copy a TensorDict inside a dict).
-
-    Raises:
-        RolloutError: the folder, its manifest or a shard is missing, malformed, outside the folder, or
-            (``verify_checksums``) modified since it was written.
+        tensordict: observations as a ``TensorDict`` or a plain dict. Default: TensorDict in ``Batch`` objects,
+            plain dicts in history items (a ``DataLoader``'s default collation cannot copy a TensorDict in a dict).
     """
 
     def __init__(
@@ -320,8 +257,7 @@ class ShardDataset(IterableDataset):
         )
 
     def _history(self, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """A history shard as ``{"observations": {key: [B, K, ...]}, "window_dones": [B, K], "window_env": [B],
-        "window_end": [B]}`` (observations a ``TensorDict`` of batch size ``[B, K]`` with ``tensordict=True``)."""
+        """A history shard as a dict (see the module docstring)."""
         dones = tensors["window_dones"]
         out: dict[str, Any] = {"observations": self._observations(tensors, list(dones.shape))}
         out.update({name: tensors[name] for name in ("window_dones", "window_env", "window_end")})

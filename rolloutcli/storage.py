@@ -1,15 +1,8 @@
-"""``RolloutStorage``: a drop-in for RSL-RL 5.x's storage, plus loading from and saving to HDF5.
+"""``RolloutStorage``: a drop-in for RSL-RL 5.x's storage (its ``[T, N, ...]`` layout, signatures and, by default,
+exactly what its generators yield), plus loading from and saving to HDF5.
 
-Tensors are laid out ``[T, N, ...]`` (``T = num_transitions_per_env``, ``N = num_envs``) exactly as in
-RSL-RL: ``rewards``, ``dones``, ``values``, ``actions_log_prob``, ``returns``, ``advantages`` are
-``[T, N, 1]``; hidden states are lists (one tensor for a GRU, h and c for an LSTM) of
-``[T, layers, N, H]``. Observations are a dict of ``[T, N, ...]`` tensors, or a TensorDict when one was
-given. Beyond RSL-RL, a storage loaded from a file also carries ``time_outs [T, N, 1]`` and
-``last_values [N, 1]`` (None when the file has none), ``distribution_names`` and ``attrs``.
-
-The three generators (``generator``, ``mini_batch_generator``, ``recurrent_mini_batch_generator``) have
-RSL-RL's signatures and, by default, yield exactly what RSL-RL yields (a drop-in: one feed-forward order drawn
-from the global RNG and reused every epoch, the remainder dropped; fixed env groups). Keyword options
+Beyond RSL-RL, a storage loaded from a file also carries ``time_outs [T, N, 1]`` and ``last_values [N, 1]``
+(None when the file has none), ``distribution_names`` and ``attrs``. Keyword options of the generators
 (``parity=False``, ``shuffle_envs``, ``generator``) give ``rolloutcli batch``'s default behaviour instead.
 """
 
@@ -39,31 +32,26 @@ def _select(observations: Any, fn: Callable[[Any], Any]) -> Any:
     return {key: fn(value) for key, value in observations.items()}
 
 
-def _unwrap(states: tuple[torch.Tensor, ...]) -> HiddenState:
-    """RSL-RL's hidden-state convention: a GRU's single tensor bare, an LSTM's (h, c) as a tuple."""
-    return states[0] if len(states) == 1 else states
-
-
 class RolloutStorage:
     """Storage for the data collected during a rollout (RSL-RL's API and layout)."""
 
-    @dataclass
     class Transition:
-        """One step of data, filled by the runner and passed to ``add_transition``."""
+        """One step of data, filled by the runner and passed to ``add_transition`` (as RSL-RL's, built empty)."""
 
-        observations: Mapping[str, torch.Tensor] | None = None
-        actions: torch.Tensor | None = None
-        rewards: torch.Tensor | None = None
-        dones: torch.Tensor | None = None
-        values: torch.Tensor | None = None
-        actions_log_prob: torch.Tensor | None = None
-        distribution_params: tuple[torch.Tensor, ...] | None = None
-        privileged_actions: torch.Tensor | None = None
-        hidden_states: tuple[HiddenState, HiddenState] = (None, None)
+        def __init__(self) -> None:
+            self.clear()
 
         def clear(self) -> None:
             """Reset all fields to None."""
-            self.__init__()
+            self.observations: Mapping[str, torch.Tensor] | None = None
+            self.actions: torch.Tensor | None = None
+            self.rewards: torch.Tensor | None = None
+            self.dones: torch.Tensor | None = None
+            self.values: torch.Tensor | None = None
+            self.actions_log_prob: torch.Tensor | None = None
+            self.distribution_params: tuple[torch.Tensor, ...] | None = None
+            self.privileged_actions: torch.Tensor | None = None
+            self.hidden_states: tuple[HiddenState, HiddenState] = (None, None)
 
     @dataclass
     class Batch:
@@ -165,11 +153,8 @@ class RolloutStorage:
             parts = state if isinstance(state, tuple) else (state,)
             attribute = f"saved_hidden_state_{which}"
             if getattr(self, attribute) is None:
-                setattr(
-                    self,
-                    attribute,
-                    [torch.zeros(self.num_transitions_per_env, *p.shape, device=self.device) for p in parts],
-                )
+                zeros = [torch.zeros(self.num_transitions_per_env, *p.shape, device=self.device) for p in parts]
+                setattr(self, attribute, zeros)
             for buffer, part in zip(getattr(self, attribute), parts, strict=True):
                 buffer[self.step].copy_(part)
 
@@ -185,20 +170,16 @@ class RolloutStorage:
     ) -> None:
         """Fill ``returns`` and ``advantages`` ``[T, N, 1]`` with GAE, exactly as RSL-RL's PPO computes them.
 
-        Returns and un-normalised advantages (``returns - values``) have the same bits as RSL-RL's loop and as
-        ``rolloutcli gae``. The normalisation is RSL-RL's own line (torch's float32 ``mean()``/``std()``), so in
-        one process the result is RSL-RL's bit for bit; ``rolloutcli gae`` uses exactly rounded statistics
-        instead (its bytes must not depend on threads or devices). One value normalises to NaN, as in RSL-RL.
+        The normalisation is RSL-RL's own line (torch's float32 ``mean()``/``std()``), so in one process the result
+        is RSL-RL's bit for bit; ``rolloutcli gae`` uses exactly rounded statistics instead (its bytes must not
+        depend on threads or devices).
 
         Args:
             last_values: V(s_T), ``[N]`` or ``[N, 1]``; defaults to the ``last_values`` loaded from a file.
-            gamma, lam: discount and GAE lambda.
-            normalize_advantage: ``(A - mean) / (std + 1e-8)`` over the whole rollout (RSL-RL's default
-                when it does not normalise per mini-batch).
             bootstrap_time_outs: apply ``rewards += gamma * values * time_outs`` to ``self.rewards`` first
                 (RSL-RL does this in ``process_env_step``). Default: when ``time_outs`` were loaded and the
-                file's ``timeouts_bootstrapped`` attribute is not set; it is set afterwards, so a second call
-                never bootstraps twice.
+                ``timeouts_bootstrapped`` attribute is not set; it is set afterwards, so a second call never
+                bootstraps twice.
 
         Raises:
             ValueError: no last values, or the rewards hold a bootstrap with another gamma (``gae_gamma``).
@@ -236,10 +217,7 @@ class RolloutStorage:
             self.advantages = (self.advantages - self.advantages.mean()) / (self.advantages.std() + 1e-8)
 
     def generator(self) -> Iterator[RolloutStorage.Batch]:
-        """Distillation: one batch per time step, in time order (RSL-RL's ``generator``).
-
-        Yields ``Batch(observations [N, ...], privileged_actions [N, *action_shape], dones [N, 1])``.
-        """
+        """Distillation: one ``Batch(observations, privileged_actions, dones)`` per time step (RSL-RL's)."""
         if self.training_type != "distillation":
             raise ValueError("This function is only available for distillation training.")
         for i in range(self.num_transitions_per_env):
@@ -259,19 +237,11 @@ class RolloutStorage:
     ) -> Iterator[RolloutStorage.Batch]:
         """Feed-forward mini-batches of the ``T * N`` rows flattened time-major (row ``t * N + n``).
 
-        Each batch holds ``observations [B, ...]``, ``actions [B, *A]``, ``values``, ``advantages``,
-        ``returns``, ``old_actions_log_prob`` ``[B, 1]`` and ``old_distribution_params`` ``([B, ...], ...)``.
-
-        Args:
-            num_mini_batches: M.
-            num_epochs: passes over the data.
-            parity: True (default, RSL-RL's behaviour): one ``torch.randperm(M * (T * N // M))`` drawn on the
-                first ``next()`` and reused every epoch, ``T * N % M`` rows never used. With ``generator=None``
-                it is drawn from the global RNG on ``self.device``, exactly as RSL-RL does. False: a fresh
-                ``torch.randperm(T * N, generator=generator)`` every epoch (drawn on the CPU), mini-batch
-                sizes differing by at most one, so every row is used once per epoch (the order of
-                ``rolloutcli batch`` with the same seed).
-            generator: source of the permutations (None: the global RNG).
+        ``parity`` (default, RSL-RL's behaviour): one ``torch.randperm(M * (T * N // M))`` drawn on the first
+        ``next()`` and reused every epoch, ``T * N % M`` rows never used; with ``generator=None`` it is drawn from
+        the global RNG on ``self.device``, exactly as RSL-RL does. ``parity=False``: a fresh
+        ``torch.randperm(T * N, generator=generator)`` every epoch (on the CPU), every row used once per epoch
+        (the order of ``rolloutcli batch`` with the same seed).
         """
         if self.training_type != "rl":
             raise ValueError("This function is only available for reinforcement learning training.")
@@ -295,10 +265,7 @@ class RolloutStorage:
                 order = feedforward_order(total, num_mini_batches, parity=False, generator=generator)
                 indices = order.to(self.device)
             assert indices is not None
-            start = 0
-            for size in sizes:
-                batch_idx = indices[start : start + size]
-                start += size
+            for batch_idx in torch.split(indices, sizes):
                 yield RolloutStorage.Batch(
                     observations=_select(observations, lambda x, idx=batch_idx: x[idx]),
                     actions=actions[batch_idx],
@@ -320,16 +287,9 @@ class RolloutStorage:
     ) -> Iterator[RolloutStorage.Batch]:
         """Mini-batches of env groups for recurrent networks (RSL-RL's ``recurrent_mini_batch_generator``).
 
-        For a group of G envs with M trajectories: ``observations`` split at dones and padded ``[T, M, ...]``
-        with ``masks [T, M]``; ``actions``, ``values``, ``advantages``, ``returns``, ``old_actions_log_prob``
-        and distribution parameters ``[T, G, ...]``; ``hidden_states = (actor, critic)``, each the state at
-        every trajectory's first step ``[layers, M, H]`` (a tuple (h, c) for an LSTM, None when not saved).
-
-        Args:
-            parity: True (default, RSL-RL's behaviour): contiguous groups of ``N // M`` envs, the last
-                ``N % M`` envs never used. False: contiguous groups differing by at most one env.
-            shuffle_envs: (``parity=False`` only) new groups each epoch, drawn from ``generator``.
-            generator: source of the env shuffles (None: the global RNG).
+        ``parity`` (default, RSL-RL's behaviour): contiguous groups of ``N // M`` envs, the last ``N % M`` never
+        used; False: groups differing by at most one env. ``shuffle_envs`` (``parity=False`` only): new groups
+        each epoch, drawn from ``generator``.
         """
         if self.training_type != "rl":
             raise ValueError("This function is only available for reinforcement learning training.")
@@ -346,17 +306,12 @@ class RolloutStorage:
 
     def _recurrent_batch(self, envs: torch.Tensor) -> dict[str, Any]:
         """The fields of one recurrent mini-batch over the env ids ``envs`` (ascending)."""
-        count = envs.numel()
-        if int(envs[-1]) - int(envs[0]) + 1 == count:  # contiguous: views, like RSL-RL's slices
-            first = int(envs[0])
+        first, count = int(envs[0]), envs.numel()
+        contiguous = int(envs[-1]) - first + 1 == count  # then views, like RSL-RL's slices
+        columns = slice(first, first + count) if contiguous else envs.to(self.device)
 
-            def take(x: Any) -> Any:
-                return x[:, first : first + count]
-        else:
-            index = envs.to(self.device)
-
-            def take(x: Any) -> Any:
-                return x[:, index]
+        def take(x: Any) -> Any:
+            return x[:, columns]
 
         dones = take(self.dones)
         observations, masks = split_and_pad_trajectories(_select(self.observations, take), dones)
@@ -367,7 +322,7 @@ class RolloutStorage:
                 hidden.append(None)
                 continue
             states = hidden_states_at_starts([take(state.transpose(1, 2)).transpose(1, 2) for state in saved], spans)
-            hidden.append(_unwrap(tuple(states)))
+            hidden.append(states[0] if len(states) == 1 else tuple(states))  # RSL-RL's: a GRU's state bare
         params = self.distribution_params
         return {
             "observations": observations,
@@ -393,12 +348,11 @@ class RolloutStorage:
         allow_external: bool = False,
         tensordict: bool = True,
     ) -> RolloutStorage:
-        """Load a rollout file into a full storage; ``envs`` selects an env slice.
+        """Load a rollout file (with the commands' checks) into a full storage; ``envs`` selects an env slice.
 
-        The file goes through the commands' checks (metadata probe in a child process, audit, limits, values).
         ``training_type`` defaults to ``"distillation"`` when the file has ``privileged_actions`` and no
-        ``values``, else ``"rl"``. Observations are a ``TensorDict`` (RSL-RL's type, so the storage goes
-        straight into RSL-RL's ``PPO.update()`` / ``Distillation.update()``), or a dict with ``tensordict=False``.
+        ``values``, else ``"rl"``. Observations are a ``TensorDict`` (RSL-RL's type), or a dict with
+        ``tensordict=False``.
         """
         from rolloutcli.hdf5.limits import SafetyOptions
         from rolloutcli.hdf5.storage_io import read_rollout

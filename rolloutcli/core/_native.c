@@ -1,7 +1,6 @@
 /*
- * rolloutcli's compiled kernels, called through ctypes (rolloutcli/core/native.py). Optional: where this file
- * was not compiled, rolloutcli/core/gae_numpy.py runs the same float32 operations in the same order in numpy
- * (the same bits, only slower), and the row gathers fall back to torch indexing (the same bytes).
+ * rolloutcli's optional compiled kernels, called through ctypes (rolloutcli/core/native.py); without them the
+ * callers run numpy / torch with the same bits.
  *
  * 1. rolloutcli_gae: RSL-RL's GAE (PPO.compute_returns) over the columns [0, width) of [T, stride] float32
  *    arrays, serial in time, vectorised over the columns. Callers run disjoint column blocks on threads; each
@@ -59,13 +58,10 @@ EXPORT void rolloutcli_gae(const float *RESTRICT r, const float *RESTRICT v, con
 /*
  * 2. Row gathers of the feed-forward export: out[i] = src[rows[i]] for rows of `row_bytes` bytes.
  *
- * A shard's rows are scattered over the whole source, so each row read is a cache (and TLB) miss; the loop is
- * bound by memory latency, not bandwidth. rolloutcli_gather_rows prefetches the rows PREFETCH_AHEAD
- * iterations ahead, so that many misses are in flight at once. rolloutcli_gather_sorted serves narrow rows (a
- * scalar per row): it reads them in ascending source order, so that neighbouring rows share cache lines and
- * the hardware prefetcher runs ahead, and writes each to its slot in the shard, a random write into an output
- * that stays in cache. Both move bytes only: the result is the bytes of index_select.
- *
+ * A shard's rows are scattered over the source, so each read is a cache miss, bound by memory latency:
+ * rolloutcli_gather_rows prefetches PREFETCH_AHEAD rows ahead so that many misses are in flight at once;
+ * rolloutcli_gather_sorted reads narrow rows in ascending source order (shared cache lines, hardware prefetch)
+ * and writes each to its slot, in an output that stays in cache. Both move bytes only (index_select's bytes).
  * Indices are trusted here: the Python wrapper checks them against the source's row count.
  */
 #define PREFETCH_AHEAD 32

@@ -1,33 +1,26 @@
 """A batched ring buffer of tensor history: Isaac Lab's ``CircularBuffer`` plus the AMP replay sampler.
 
-Semantics (those of ``isaaclab.utils.buffers.CircularBuffer``):
+Semantics (``isaaclab.utils.buffers.CircularBuffer``): each environment keeps its last ``max_len`` entries; the
+first append after a reset fills its whole history with the entry; ``buffer[key]`` reads LIFO (``key[i] == 0``
+is environment ``i``'s newest entry), keys beyond the stored history read the oldest stored entry (Isaac Lab
+clamps to ``num_pushes - 1`` only, so there a key ``>= max_len`` on a wrapped buffer reads a newer one), and an
+environment reset and not appended to since reads as zeros.
 
-* ``CircularBuffer(max_len, batch_size, device)`` keeps each environment's last ``max_len`` entries: one tensor
-  ``[max_len, batch, ...]``, one write position for all, and each environment's appends since its last reset.
-* The first append (and the first after an environment's reset) fills *its whole history* with the entry, so
-  reads further back than the stored history return the oldest stored entry.
-* ``buffer[key]`` with ``key [batch]`` reads LIFO: ``key[i] == 0`` is environment ``i``'s newest entry, ``k`` is
-  ``k`` appends back; keys beyond the stored history read the oldest stored entry (Isaac Lab clamps to
-  ``num_pushes - 1`` only, so there a key ``>= max_len`` on a wrapped buffer reads a newer one). An environment
-  reset and not appended to since reads as zeros.
-
-Invariant: ``append``, ``__getitem__`` and ``reset`` never synchronise the host with the device (no ``.item()``,
-no branch on tensor values): they run every step of a GPU simulation. The write position is a Python int; the
-fill after a reset uses the indices given to ``reset``. Negative keys are therefore checked only when that is
-free (keys on the CPU) or asked for (``debug=True``); otherwise they read the newest entry, as in Isaac Lab.
-
-Pure torch: :meth:`CircularBuffer.save` / :meth:`CircularBuffer.load` call :mod:`rolloutcli.hdf5.buffer_io`.
+Invariant: ``append``, ``__getitem__`` and ``reset`` never synchronise the host with the device: they run every
+step of a GPU simulation. Negative keys are therefore checked only when that is free (keys on the CPU) or asked
+for (``debug=True``); otherwise they read the newest entry, as in Isaac Lab.
 """
 
 from __future__ import annotations
 
-import itertools
 import operator
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+
+from rolloutcli.core.batching import split_sizes
 
 BatchIds = Sequence[int] | slice | torch.Tensor | None
 
@@ -50,14 +43,10 @@ def _positive_int(value: object, name: str) -> int:
 
 
 class CircularBuffer:
-    """Per-environment history of the last ``max_len`` batched entries, on any torch device.
+    """Per-environment history of the last ``max_len`` entries of ``batch_size`` environments on ``device``.
 
-    Args:
-        max_len: Entries kept per environment (>= 1).
-        batch_size: Number of environments (>= 1); the first dimension of every appended tensor.
-        device: Where the history lives (``"cpu"``, ``"cuda:0"``, ...). Appended data is moved there.
-        debug: Also validate keys on an accelerator (negative keys raise ``ValueError``), which synchronises
-            the host with the device on every read. Keys on the CPU are always validated.
+    ``debug``: also validate keys on an accelerator (negative keys raise ``ValueError``), which synchronises the
+    host with the device on every read. Keys on the CPU are always validated.
     """
 
     def __init__(self, max_len: int, batch_size: int, device: str | torch.device, *, debug: bool = False) -> None:
@@ -101,12 +90,8 @@ class CircularBuffer:
 
     @property
     def buffer(self) -> torch.Tensor:
-        """A copy of the whole history, ``[batch, max_length, *entry_shape]``, oldest to newest along dim 1.
-
-        Not contiguous (a transposed copy, as in Isaac Lab). Slots older than an environment's stored history
-        hold its oldest stored entry; an environment reset and not appended to since is all zeros.
-        RuntimeError before the first append.
-        """
+        """A copy of the whole history, ``[batch, max_length, *entry_shape]``, oldest to newest along dim 1
+        (a transposed copy, as in Isaac Lab). RuntimeError before the first append."""
         storage = self._require_data("read the buffer")
         return torch.cat([storage[self._pointer + 1 :], storage[: self._pointer + 1]]).transpose(0, 1)
 
@@ -172,11 +157,8 @@ class CircularBuffer:
             self._fill = "where"
 
     def append(self, data: torch.Tensor) -> None:
-        """Append ``data [batch, *entry_shape]`` (moved to the buffer's device), one entry per environment.
-
-        The first append fixes the entry shape and dtype; another shape (ValueError) or dtype (TypeError) later,
-        or data that is not ``[batch_size, ...]`` (ValueError), is refused.
-        """
+        """Append ``data [batch, *entry_shape]`` (moved to the buffer's device); the first append fixes the entry
+        shape and dtype (another later: ValueError / TypeError)."""
         if not isinstance(data, torch.Tensor):
             raise TypeError(f"append() expects a torch.Tensor [batch, ...], got {type(data).__name__}.")
         if data.dim() == 0 or data.shape[0] != self._batch_size:
@@ -208,12 +190,8 @@ class CircularBuffer:
         self._num_pushes += 1
 
     def __getitem__(self, key: torch.Tensor) -> torch.Tensor:
-        """Read one entry per environment, LIFO: ``key[i]`` appends back from environment ``i``'s newest.
-
-        ``key`` is a ``[batch]`` integer tensor on any device; returns a new ``[batch, *entry_shape]`` tensor.
-        Raises TypeError (not an integer tensor), ValueError (not ``[batch]``; negative keys on the CPU or with
-        ``debug``), RuntimeError (nothing appended yet).
-        """
+        """Read one entry per environment, LIFO: ``key [batch]`` (integers, any device) counts appends back from
+        each environment's newest; returns a new ``[batch, *entry_shape]`` tensor."""
         if not isinstance(key, torch.Tensor):
             raise TypeError(f"The key must be a [batch] integer tensor, got {type(key).__name__}.")
         if key.is_floating_point() or key.is_complex() or key.dtype == torch.bool:
@@ -252,13 +230,10 @@ class CircularBuffer:
 
         Eligible pairs are each environment's newest ``min(window, current_length)`` entries (``window >=
         fetch_length``, default ``fetch_length``; ``window=max_length`` draws from the whole history, as AMP
-        replay does); fill copies after a reset are never drawn. From the ``E`` eligible pairs
-        ``n = min(batch_size * fetch_length, E)`` distinct ones are drawn uniformly without replacement (with
-        ``generator``, on the buffer's device) and copied at call time. Each epoch yields them once, in a fresh
-        random order, as ``num_mini_batches`` mini-batches whose sizes differ by at most one (the first
-        ``n % num_mini_batches`` hold one more): ``[size, *entry_shape]``, or with ``return_indices``
-        ``(batch, steps_back, env_ids)``, ``batch[j] == buffer[env_ids[j], max_length - 1 - steps_back[j]]``.
-        Arguments are checked at call time. Synchronises once per call, to learn ``E``.
+        replay does). ``n = min(batch_size * fetch_length, E)`` of the ``E`` eligible pairs are drawn uniformly
+        without replacement and copied at call time. Each epoch yields them once, in a fresh order, as
+        ``num_mini_batches`` mini-batches whose sizes differ by at most one: ``[size, *entry_shape]``, or with
+        ``return_indices`` ``(batch, steps_back, env_ids)``. Synchronises once per call, to learn ``E``.
         """
         storage = self._require_data("sample mini-batches")
         fetch_length, num_mini_batches, num_epochs, window = self._check_sampling(
@@ -282,14 +257,12 @@ class CircularBuffer:
         steps_back = torch.div(chosen, self._batch_size, rounding_mode="floor")
         env_ids = torch.remainder(chosen, self._batch_size)
         samples = self._gather(storage, steps_back, env_ids)
-        base, extra = divmod(count, num_mini_batches)
-        bounds = list(itertools.accumulate((base + (i < extra) for i in range(num_mini_batches)), initial=0))
+        sizes = split_sizes(count, num_mini_batches)
 
         def epochs() -> Iterator[Any]:  # a generator of its own, so that the checks above run at call time
             for _ in range(num_epochs):
                 order = torch.randperm(count, generator=generator, device=self._device)
-                for start, stop in itertools.pairwise(bounds):
-                    pick = order[start:stop]
+                for pick in torch.split(order, sizes):
                     batch = samples.index_select(0, pick)
                     yield (batch, steps_back[pick], env_ids[pick]) if return_indices else batch
 
@@ -317,9 +290,8 @@ class CircularBuffer:
         return fetch_length, num_mini_batches, num_epochs, window
 
     def state_dict(self) -> dict[str, Any]:
-        """The state as copies on the buffer's device: ``max_length``, ``batch_size``, ``pointer`` (storage slot of
-        the newest entry), ``num_pushes [batch]`` int64 and ``data [max_length, batch, ...]`` in storage order
-        (None before the first append)."""
+        """The state as copies: ``max_length``, ``batch_size``, ``pointer`` (storage slot of the newest entry),
+        ``num_pushes [batch]`` int64 and ``data [max_length, batch, ...]`` (None before the first append)."""
         return {
             "max_length": self._max_len,
             "batch_size": self._batch_size,
@@ -329,11 +301,8 @@ class CircularBuffer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the state with ``state`` (from :meth:`state_dict`), moved to this buffer's device.
-
-        The entry shape and dtype become those of ``state["data"]``. Raises ValueError or TypeError for a state
-        that does not fit this buffer; validation reads ``num_pushes`` on the host (one synchronisation).
-        """
+        """Replace the state with ``state`` (from :meth:`state_dict`), moved to this buffer's device; ValueError or
+        TypeError for a state that does not fit (one synchronisation, to check ``num_pushes``)."""
         if missing := {"max_length", "batch_size", "pointer", "num_pushes", "data"} - set(state):
             raise ValueError(f"state_dict is missing {sorted(missing)}.")
         for name, mine in (("max_length", self._max_len), ("batch_size", self._batch_size)):
@@ -361,11 +330,7 @@ class CircularBuffer:
         self._fill = "all" if data is None else "where"
 
     def save(self, path: str | Path, *, overwrite: bool = False) -> None:
-        """Write the state to an HDF5 file atomically (see :mod:`rolloutcli.hdf5.buffer_io`).
-
-        Raises:
-            RolloutError: The destination exists without ``overwrite`` (exit 2), or cannot be written (exit 3).
-        """
+        """Write the state to an HDF5 file atomically; RolloutError when it exists without ``overwrite``."""
         from rolloutcli.hdf5.buffer_io import save_buffer_state
 
         save_buffer_state(self.state_dict(), Path(path), overwrite=overwrite)
@@ -382,14 +347,8 @@ class CircularBuffer:
     ) -> CircularBuffer:
         """Build a buffer from a file written by :meth:`save`, on ``device``.
 
-        The file is read as the commands read theirs: regular files only, metadata probed in a throwaway
-        process, every link and dataset audited, nothing outside the file followed unless ``allow_external``,
-        and a state larger than ``max_memory`` bytes (default: the commands' ``--max-memory``, 1 GiB) refused
-        before it is read.
-
-        Raises:
-            RolloutError: Missing or unreadable (exit 3), not a valid buffer file or corrupt (exit 1), refused as
-                unsafe (exit 4), or larger than ``max_memory`` (exit 3).
+        The file is read with the commands' safety checks; a state larger than ``max_memory`` bytes (default: the
+        commands' ``--max-memory``) is refused before it is read.
         """
         from rolloutcli.hdf5.buffer_io import load_buffer_state
 

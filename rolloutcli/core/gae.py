@@ -1,30 +1,15 @@
-"""Generalised advantage estimation (GAE) exactly as RSL-RL computes it: pure functions on tensors.
+"""Generalised advantage estimation (GAE) exactly as RSL-RL computes it: pure functions on ``[T, N]`` tensors.
 
-Shapes: ``T`` steps (time) by ``N`` envs, time first, as in RSL-RL's ``RolloutStorage``. The recurrence (RSL-RL
-``PPO.compute_returns``), reversed over ``t``::
-
-    next_value_t = last_values            if t == T - 1 else values[t + 1]
-    not_done_t   = 1 - dones_t
-    delta_t      = r_t + not_done_t * gamma * next_value_t - values_t
-    A_t          = delta_t + not_done_t * gamma * lam * A_{t+1}          (A_T = 0)
-    returns_t    = A_t + values_t
-    advantages_t = returns_t - values_t                                  (what RSL-RL stores)
-
-With ``time_outs``, RSL-RL's bootstrap ``r_t + gamma * (values_t * time_out_t)`` is applied first (never to the
-caller's tensor), in the rewards' own precision: float64 rewards are bootstrapped in float64, then rounded.
+The recurrence is RSL-RL's ``PPO.compute_returns`` (written out in :mod:`rolloutcli.core.gae_numpy`).
 
 * CPU tensors (``backend="cpu"``, the default there): the kernel of :mod:`rolloutcli.core.gae_numpy` on numpy
-  views of the tensors. RSL-RL's float32 operations in RSL-RL's order, serial in time, threads over env
-  columns only: the same bits as RSL-RL's loop at every shape and thread count, and the same bits as
-  ``rolloutcli gae``.
-* Other devices (``backend="torch"``): a log-depth associative scan (Hillis-Steele doubling on the pairs
-  ``(c_t, delta_t)`` with ``c_t = gamma * lam * not_done_t``), ``ceil(log2 T)`` rounds of whole-tensor ops, no
-  Python loop over ``T`` and no host-device sync. It reorders the float32 sums, so it agrees with RSL-RL to
-  float32 rounding at the scale of the largest terms: ``|error| <= 1e-5 * max_t sum_u |c_t..c_{u-1}| |terms_u|``
-  (tested), not bit for bit.
+  views: the same bits as RSL-RL's loop at every shape and thread count, and as ``rolloutcli gae``.
+* Other devices (``backend="torch"``): a log-depth associative scan, ``ceil(log2 T)`` rounds of whole-tensor ops
+  and no host-device sync. It reorders the float32 sums, so it agrees with RSL-RL to float32 rounding at the
+  scale of the largest terms (``|error| <= 1e-5 * max_t sum_u |c_t..c_{u-1}| |terms_u|``, tested), not bit for bit.
 
-Values, last values and (after the bootstrap) rewards are rounded to float32, the dtype of RSL-RL's storage;
-outputs are float32 ``[T, N]`` on the inputs' device.
+Values, last values and (after the time-out bootstrap, in the rewards' own precision) rewards are rounded to
+float32, the dtype of RSL-RL's storage; outputs are float32 ``[T, N]`` on the inputs' device.
 """
 
 from __future__ import annotations
@@ -59,22 +44,9 @@ def _as_float(x: torch.Tensor, name: str, keep_float64: bool = False) -> torch.T
 
 def _as_flag(x: torch.Tensor) -> torch.Tensor:
     """Contiguous one-byte flags, nonzero = set. bool and (u)int8 are reinterpreted without a copy."""
-    if x.dtype in (torch.bool, torch.int8):
+    if x.dtype in (torch.bool, torch.int8, torch.uint8):
         return x.contiguous().view(torch.uint8)
-    if x.dtype == torch.uint8:
-        return x.contiguous()
     return (x != 0).view(torch.uint8).contiguous()
-
-
-def _check_shapes(shape: tuple[int, ...], tensors: dict[str, torch.Tensor | None]) -> None:
-    device = tensors["rewards"].device  # type: ignore[union-attr]
-    for name, x in tensors.items():
-        if x is None:
-            continue
-        if x.device != device:
-            raise ValueError(f"all inputs must be on one device, found {device} and {x.device}")
-        if name != "last_values" and tuple(x.shape) != shape:
-            raise ValueError(f"{name}: expected shape {list(shape)} like rewards, found {list(x.shape)}")
 
 
 def _prepare(
@@ -85,8 +57,7 @@ def _prepare(
     time_outs: torch.Tensor | None,
     gamma: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Check shapes and devices; return contiguous float32 ``r`` (bootstrapped), ``v`` ``[T, N]``, uint8 ``d``
-    ``[T, N]`` and float32 ``lv`` ``[N]``."""
+    """Checked contiguous float32 ``r`` (bootstrapped), ``v``, uint8 ``d`` ``[T, N]`` and float32 ``lv`` ``[N]``."""
     r = _as_tn(rewards.detach(), "rewards")
     v = _as_tn(values.detach(), "values")
     d = _as_tn(dones.detach(), "dones")
@@ -96,7 +67,11 @@ def _prepare(
         lv = lv[:, 0]
     if tuple(lv.shape) != (r.shape[1],):
         raise ValueError(f"last_values: expected shape [{r.shape[1]}] or [{r.shape[1]}, 1], found {list(lv.shape)}")
-    _check_shapes(tuple(r.shape), {"rewards": r, "values": v, "dones": d, "time_outs": to, "last_values": lv})
+    for name, x in (("values", v), ("dones", d), ("time_outs", to), ("last_values", lv)):
+        if x is not None and x.device != r.device:
+            raise ValueError(f"all inputs must be on one device, found {r.device} and {x.device}")
+        if x is not None and name != "last_values" and x.shape != r.shape:
+            raise ValueError(f"{name}: expected shape {list(r.shape)} like rewards, found {list(x.shape)}")
     v32 = _as_float(v, "values")
     r = _as_float(r, "rewards", keep_float64=to is not None)
     if to is not None:
@@ -131,24 +106,13 @@ def compute_gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns by RSL-RL's GAE; inputs are never modified.
 
-    Args:
-        rewards: ``[T, N]`` or ``[T, N, 1]``, any float dtype.
-        values: ``[T, N]`` or ``[T, N, 1]``, the critic's ``V(s_t)``.
-        dones: ``[T, N]`` or ``[T, N, 1]``, bool or numbers; nonzero = the episode ended after step ``t``.
-        last_values: ``[N]`` or ``[N, 1]``, ``V(s_T)`` for bootstrapping after the last step.
-        gamma: discount in ``[0, 1]``.
-        lam: GAE lambda in ``[0, 1]``.
-        time_outs: optional ``[T, N]`` / ``[T, N, 1]`` flags (nonzero = truncated); applies RSL-RL's bootstrap
-            ``r_t + gamma * (V(s_t) * time_out_t)`` to a copy of the rewards before the recurrence.
-        backend: ``"cpu"`` (the exact kernel, CPU tensors only), ``"torch"`` (the scan, any device), or
-            ``"auto"``: cpu on the CPU, torch elsewhere.
-        num_threads: threads of the CPU kernel (default: the CPUs this process may use); never changes a bit.
-        out: optional ``(advantages, returns)`` buffers to write into and return: contiguous float32 ``[T, N]`` on
-            the inputs' device, not overlapping the inputs (reused buffers save the page faults of fresh memory).
+    ``rewards``, ``values``, ``dones`` (nonzero = the episode ended after step ``t``) and ``time_outs`` (nonzero =
+    truncated: RSL-RL's bootstrap is applied to a copy of the rewards first) are ``[T, N]`` or ``[T, N, 1]``;
+    ``last_values`` ``V(s_T)`` is ``[N]`` or ``[N, 1]``. ``backend``: ``"cpu"`` (the exact kernel), ``"torch"``
+    (the scan, any device) or ``"auto"``. ``num_threads`` never changes a bit. ``out``: optional contiguous float32
+    ``(advantages, returns)`` buffers on the inputs' device, not overlapping them.
 
-    Returns:
-        ``(advantages, returns)``, both float32 ``[T, N]`` on the inputs' device, not normalised (see
-        :func:`normalize_advantages`). ``advantages = returns - values``, as RSL-RL stores them.
+    Returns ``(advantages, returns)``, float32 ``[T, N]``, not normalised; ``advantages = returns - values``.
     """
     for name, value in (("gamma", gamma), ("lam", lam)):
         if not 0.0 <= float(value) <= 1.0:
@@ -159,8 +123,11 @@ def compute_gae(
     adv, ret = _outputs(r, out)
     if backend == "auto":
         backend = "cpu" if r.device.type == "cpu" else "torch"
-    if backend == "torch":
-        _gae_torch(r, v, d, lv, gamma, lam, adv, ret)
+    if backend == "torch":  # the scan: A_t = delta_t + c_t * A_{t+1}, c_t = not_done_t * gamma * lam
+        nd_gamma = (d == 0).to(torch.float32) * gamma  # RSL-RL's operation order
+        delta = r + nd_gamma * torch.cat([v[1:], lv.unsqueeze(0)], dim=0) - v
+        torch.add(_reverse_linear_scan(nd_gamma * lam, delta), v, out=ret)
+        torch.sub(ret, v, out=adv)
     elif r.device.type != "cpu":
         raise ValueError(f"backend 'cpu' needs CPU tensors, found {r.device}; use backend='torch' or 'auto'")
     else:
@@ -172,11 +139,8 @@ def compute_gae(
 def bootstrap_time_outs(
     rewards: torch.Tensor, values: torch.Tensor, time_outs: torch.Tensor, gamma: float
 ) -> torch.Tensor:
-    """RSL-RL's time-out bootstrap ``rewards + gamma * (values * time_outs)`` as a new float32 ``[T, N]`` tensor.
-
-    Inputs ``[T, N]`` or ``[T, N, 1]``; ``time_outs`` bool or numbers (nonzero = truncated). Values are rounded
-    to float32 (RSL-RL's critic output) and float64 rewards are bootstrapped in float64, then rounded.
-    """
+    """RSL-RL's time-out bootstrap ``rewards + gamma * (values * time_outs)`` as a new float32 ``[T, N]`` tensor
+    (float64 rewards are bootstrapped in float64, then rounded)."""
     r, v, to = _as_tn(rewards, "rewards"), _as_tn(values, "values"), _as_tn(time_outs, "time_outs")
     if tuple(v.shape) != tuple(r.shape) or tuple(to.shape) != tuple(r.shape):
         raise ValueError(
@@ -194,32 +158,12 @@ def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
 
-def _gae_torch(
-    r: torch.Tensor,
-    v: torch.Tensor,
-    d: torch.Tensor,
-    lv: torch.Tensor,
-    gamma: float,
-    lam: float,
-    adv: torch.Tensor,
-    ret: torch.Tensor,
-) -> None:
-    """GAE on any device with ``ceil(log2 T)`` rounds of whole-tensor ops; writes float32 ``[T, N]`` adv and ret."""
-    nd_gamma = (d == 0).to(torch.float32) * gamma  # not_done * gamma, RSL-RL's operation order
-    next_v = torch.cat([v[1:], lv.unsqueeze(0)], dim=0)
-    b = r + nd_gamma * next_v - v  # delta_t
-    c = nd_gamma * lam
-    torch.add(_reverse_linear_scan(c, b), v, out=ret)
-    torch.sub(ret, v, out=adv)
-
-
 def _reverse_linear_scan(c: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Solve ``A_t = b_t + c_t * A_{t+1}`` (``A_T = 0``) along dim 0 by Hillis-Steele doubling.
 
     Invariant after the round with offset ``s``: ``A_t = sum_{u=t}^{t+2s-1} (c_t...c_{u-1}) b_u`` and ``C_t`` is the
-    product of ``c`` over the same window, so ``A_t + C_t * A_{t+2s}`` doubles the window. Rows ``t >= T - s`` are
-    already final and are copied. Buffers ping-pong because torch may not read and write overlapping slices in
-    one op. Shapes ``[T, ...]``; ``b`` and ``c`` are used as scratch space (the caller's own temporaries).
+    product of ``c`` over the same window, so ``A_t + C_t * A_{t+2s}`` doubles the window. Buffers ping-pong
+    because torch may not read and write overlapping slices in one op; ``b`` and ``c`` are used as scratch.
     """
     steps = b.shape[0]
     a_cur, a_nxt = b, torch.empty_like(b)

@@ -1,7 +1,5 @@
-"""RSL-RL's GAE on numpy arrays: the one CPU kernel behind ``compute_gae`` and ``rolloutcli gae``.
-
-This module imports neither torch nor h5py, so ``rolloutcli gae`` on the CPU never loads torch.
-Shapes: ``[T, N]`` float32 / uint8 arrays, time first, C-contiguous.
+"""RSL-RL's GAE on ``[T, N]`` numpy arrays: the one CPU kernel behind ``compute_gae`` and ``rolloutcli gae``
+(no torch import, so ``rolloutcli gae`` on the CPU never loads torch).
 
 The recurrence (RSL-RL ``PPO.compute_returns``), reversed over ``t``, in float32, with RSL-RL's operation order::
 
@@ -10,10 +8,9 @@ The recurrence (RSL-RL ``PPO.compute_returns``), reversed over ``t``, in float32
     returns_t = A_t + v_t
     adv_t     = returns_t - v_t                                                    (what RSL-RL stores)
 
-It is serial in time; only env columns run in parallel, and each column's numbers depend on that column alone,
-so the bits are RSL-RL's at every shape and thread count. The compiled kernel (``_native.c``) runs it on
-threads over blocks of columns; where that was not built, :func:`_gae_loop` performs the same float32
-operations in the same order as numpy ufuncs over all columns at once: the same bits, only slower.
+Serial in time, threads over blocks of env columns only (each column depends on itself alone), so the bits
+are RSL-RL's at every shape and thread count. Where ``_native.c`` was not built, :func:`_gae_loop` performs the
+same float32 operations in the same order with numpy: the same bits, only slower.
 """
 
 from __future__ import annotations
@@ -44,11 +41,9 @@ def cpu_threads() -> int:
 def bootstrap_rewards(rewards: Any, values: Any, time_outs: Any, gamma: float) -> Any:
     """RSL-RL's time-out bootstrap ``rewards + gamma * (values * time_outs)``: the one place of the formula.
 
-    A truncated episode did not end in a terminal state, so the value of the state at the step stands in for
-    the lost next state. Works on numpy arrays and torch tensors alike, with torch's dtype rules: ``gamma *
-    (values * time_outs)`` in the values' dtype (RSL-RL's critic gives float32), added in the promoted dtype of
-    rewards and that product, so float64 rewards are bootstrapped in float64 (as RSL-RL does when the env hands
-    it float64 rewards) and rounded by the caller afterwards. ``time_outs``: bool or numbers, nonzero = set.
+    Works on numpy arrays and torch tensors alike, with torch's dtype rules: the product in the values' dtype,
+    added in the promoted dtype, so float64 rewards are bootstrapped in float64 (as RSL-RL does when the env
+    hands it float64 rewards) and rounded by the caller afterwards.
     """
     if isinstance(values, np.ndarray):
         gamma = values.dtype.type(gamma)  # torch rounds a Python float to the tensor's dtype the same way
@@ -85,12 +80,9 @@ def gae_arrays(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(advantages, returns)`` float32 ``[T, N]``: RSL-RL's GAE, bit for bit.
 
-    Args:
-        rewards, values: float32 ``[T, N]`` C-contiguous (rewards already bootstrapped on time-outs).
-        dones: uint8 ``[T, N]`` C-contiguous, nonzero = the episode ended after step ``t``.
-        last_values: float32 ``[N]``, ``V(s_T)``.
-        threads: threads for the compiled kernel (default :func:`cpu_threads`); never changes the result.
-        out: optional writeable ``(advantages, returns)`` arrays to fill, overlapping no input.
+    ``rewards`` (already bootstrapped), ``values``: float32 ``[T, N]``; ``dones``: uint8 ``[T, N]``;
+    ``last_values``: float32 ``[N]``; all C-contiguous. ``threads`` never changes the result; ``out``: optional
+    writeable arrays to fill, overlapping no input.
     """
     steps, envs = rewards.shape
     for name, array, dtype, shape in (
@@ -107,23 +99,16 @@ def gae_arrays(
             raise ValueError(f"{name}: expected a writeable array")
     if steps and envs:
         if native.library() is None:
-            _gae_loop(rewards, values, dones, last_values, gamma, lam, adv, ret)
+            _gae_loop((rewards, values, dones, last_values, adv, ret), gamma, lam)
         else:
             _gae_compiled((rewards, values, dones, last_values, adv, ret), gamma, lam, threads or cpu_threads())
     return adv, ret
 
 
-def _gae_loop(
-    r: np.ndarray,
-    v: np.ndarray,
-    d: np.ndarray,
-    lv: np.ndarray,
-    gamma: float,
-    lam: float,
-    adv: np.ndarray,
-    ret: np.ndarray,
-) -> None:
-    """The kernel's float32 operations in the kernel's order, vectorised over envs (the build without C)."""
+def _gae_loop(arrays: tuple[np.ndarray, ...], gamma: float, lam: float) -> None:
+    """The kernel's float32 operations in the kernel's order on ``(r, v, d, lv, adv, ret)``, vectorised over envs
+    (the build without C)."""
+    r, v, d, lv, adv, ret = arrays
     g32, l32 = np.float32(gamma), np.float32(lam)
     carry = np.zeros(r.shape[1], np.float32)
     x, y = np.empty_like(carry), np.empty_like(carry)

@@ -1,24 +1,18 @@
-"""Streaming moments in numpy (no torch): ``inspect``'s statistics and ``gae``'s exact advantage statistics.
-
-Both accumulators are built from one block and merged with the next, so a file larger than memory is summarised
-block by block. :class:`ExactMoments` keeps exact sums, so its result does not depend on the blocks at all.
-Inputs are numpy arrays or CPU/GPU tensors (converted to host numpy once).
+"""Streaming moments in numpy (no torch), built per block and merged: ``inspect``'s statistics and ``gae``'s exact
+advantage statistics (:class:`ExactMoments` keeps exact sums: its result does not depend on the blocks at all).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 
 def host_array(values: Any) -> np.ndarray:
-    """A numpy view of ``values``: an array as is, a tensor (any device) copied to the host if it must be.
-
-    Duck-typed on ``detach`` so that this module never imports torch.
-    """
+    """A numpy view of ``values``: an array as is, a tensor (any device; duck-typed, no torch import) on the host."""
     if hasattr(values, "detach"):
         values = values.detach().cpu().numpy()
     return np.asarray(values)
@@ -60,12 +54,8 @@ class Moments:
         )
 
     def merge(self, other: Moments) -> Moments:
-        if other.count == 0:
-            return Moments(self.count, self.mean, self.m2, self.minimum, self.maximum, self.nonfinite + other.nonfinite)
-        if self.count == 0:
-            return Moments(
-                other.count, other.mean, other.m2, other.minimum, other.maximum, self.nonfinite + other.nonfinite
-            )
+        if other.count == 0 or self.count == 0:
+            return replace(other if other.count else self, nonfinite=self.nonfinite + other.nonfinite)
         count = self.count + other.count
         delta = other.mean - self.mean
         return Moments(

@@ -1,10 +1,7 @@
-"""rolloutcli's compiled kernels (``_native.c``), loaded with ctypes: the CPU GAE kernel and the row gathers of
-the feed-forward export.
-
-The C file is compiled by ``pip install`` where a compiler is available (``setup.py``; optional). Where it
-was not, :func:`library` returns None and the callers run numpy (GAE: the same bits, only slower) or torch
-indexing (gathers: the same bytes). This module imports neither torch nor h5py. The wrappers check what C
-would misread: dtypes, shapes, contiguity and index ranges.
+"""rolloutcli's optional compiled kernels (``_native.c``), loaded with ctypes: the CPU GAE kernel and the row
+gathers of the feed-forward export. Where the file was not built, :func:`library` returns None and the callers
+run numpy or torch (the same bytes). The wrappers check what C would misread: dtypes, shapes, contiguity and
+index ranges.
 """
 
 from __future__ import annotations
@@ -44,11 +41,8 @@ def gae_columns(
     start: int,
     stop: int,
 ) -> None:
-    """The C kernel on env columns ``[start, stop)`` of ``(r, v, d, lv, adv, ret, carry)``.
-
-    The arrays are checked by :func:`rolloutcli.core.gae_numpy.gae_arrays` (C-contiguous, float32 / uint8,
-    ``[T, N]`` and ``[N]``); this only offsets the pointers. Releases the GIL while it runs.
-    """
+    """The C kernel on env columns ``[start, stop)`` of ``(r, v, d, lv, adv, ret, carry)``, checked by
+    :func:`rolloutcli.core.gae_numpy.gae_arrays`. Releases the GIL while it runs."""
     r, v, d, lv, adv, ret, carry = arrays
     lib = library()
     assert lib is not None
@@ -104,8 +98,7 @@ def gather_rows(source: np.ndarray, rows: np.ndarray, out: np.ndarray) -> bool:
 def gather_sorted(source: np.ndarray, sorted_rows: np.ndarray, slots: np.ndarray, out: np.ndarray) -> bool:
     """``out[slots[j]] = source[sorted_rows[j]]`` (rows read in ascending order); False where not built.
 
-    ``slots`` must be a permutation of ``range(len(out))`` (checked by range only: each slot is written once
-    when it is a permutation, as the caller's argsort guarantees).
+    ``slots`` must be a permutation of ``range(len(out))`` (checked by range only; the caller's argsort is one).
     """
     native = library()
     if native is None:

@@ -1,9 +1,5 @@
-"""The numbers ``inspect`` shows, computed blockwise and merged, as plain data (numpy only: no torch).
-
-``Moments`` and ``ExactMoments`` live in :mod:`rolloutcli.core.moments` and are re-exported here.
-
-Every accumulator here can be built from one env block and merged with another (``merge``), so a file
-larger than memory is summarised block by block with the same result as a single pass.
+"""The numbers ``inspect`` shows as plain data (numpy only), built per env block and merged (``merge``), so a
+file larger than memory is summarised block by block with the same result as a single pass.
 """
 
 from __future__ import annotations
@@ -13,25 +9,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rolloutcli.core.moments import ExactMoments, Moments, host_array
+from rolloutcli.core.moments import Moments, host_array
 
-__all__ = ["EpisodeStats", "ExactMoments", "Moments"]
+__all__ = ["EpisodeStats", "Moments"]
 
 
 @dataclass
 class EpisodeStats:
     """Episode-end statistics of a ``[T, N]`` dones tensor, mergeable over env blocks.
 
-    Attributes:
-        T: steps per env.
-        length_counts: ``[T + 1]`` int64, ``length_counts[L]`` = fully observed completed episodes of
-            length L (the episode's first step follows a done inside the recording).
-        completed: episodes that ended inside the recording (= number of dones).
-        terminations / time_outs: completed episodes split by cause (time_outs = truncations).
-        first_completed: completed episodes whose start precedes the recording (first of their env).
-        unfinished: envs whose last episode is still running at T-1.
-        per_env: ``[N]`` completed episodes per env (in env order).
-        trajectories: trajectories RSL-RL's split produces (dones with the last step forced to 1).
+    ``length_counts[L]``: fully observed completed episodes of length L (their first step follows a done inside
+    the recording); ``first_completed``: completed episodes that started before the recording; ``unfinished``:
+    envs whose last episode still runs at T-1; ``trajectories``: what RSL-RL's split produces.
     """
 
     T: int

@@ -1,18 +1,13 @@
-"""Split ``[T, N, ...]`` rollouts into zero-padded trajectories and back, matching RSL-RL bit for bit.
+"""Split ``[T, N, ...]`` rollouts into zero-padded trajectories (env-major) and back, matching RSL-RL bit for bit.
 
-RSL-RL cuts every env's column of steps at its dones, lays the pieces side by side (env-major: all
-trajectories of env 0 in time order, then env 1, ...) and pads each with zeros to T rows, one small tensor per
-trajectory. Here a *plan* computed once from the dones maps every step ``(t, n)`` to its padded row
-``l * M + m``, and every field is then moved with one row scatter (``index_copy_``) or gather.
-
-Layouts (``pad_to``): ``"rollout"`` pads to L = T rows (RSL-RL), ``"longest"`` to the longest trajectory, an
-int to that many rows. ``max_length=K`` cuts trajectories into segments of at most K steps, each then a
-trajectory of its own (own column, mask, span and initial hidden state).
+A *plan* computed once from the dones maps every step ``(t, n)`` to its padded row ``l * M + m``; every field
+is then moved with one row scatter (``index_copy_``) or gather. ``pad_to``: ``"rollout"`` (L = T, RSL-RL),
+``"longest"`` or an int; ``max_length=K`` cuts trajectories into segments of at most K steps, each then a
+trajectory of its own.
 
 Invariants: outputs hold the inputs' bits (rows are moved, never computed); every function is differentiable
 in its tensor inputs (RSL-RL users split and unpad inside a loss); tensors follow their inputs' device. A plan
-reads M back to the host once (it sizes every output), once more for ``max_length`` or ``pad_to="longest"``;
-applying a plan never syncs. No file I/O, no printing, no RNG.
+syncs once to learn M (once more for ``max_length`` or ``"longest"``); applying a plan never syncs.
 """
 
 from __future__ import annotations
@@ -41,12 +36,10 @@ class TrajectorySpans(NamedTuple):
 
 @dataclass(frozen=True)
 class TrajectoryPlan:
-    """Where every step of one ``[T, N]`` rollout block goes in the padded ``[L, M]`` layout.
+    """Where every step of one ``[T, N]`` block goes in the padded ``[L, M]`` layout (:func:`plan_trajectories`).
 
-    Compute it once per block with :func:`plan_trajectories` and apply it to every field with
-    :func:`scatter_into_trajectories`. ``index [T * N]`` maps the time-major source row ``t * N + n`` to the
-    padded row ``l * M + m``; ``flat_start [M]`` is each trajectory's env-major first step ``n * T + t`` and
-    ``length [M]`` its valid steps (all int64).
+    ``index [T * N]`` maps the source row ``t * N + n`` to the padded row ``l * M + m``; ``flat_start [M]`` is
+    each trajectory's env-major first step ``n * T + t`` and ``length [M]`` its valid steps (all int64).
     """
 
     num_steps: int  # T
@@ -59,7 +52,7 @@ class TrajectoryPlan:
 
     @cached_property
     def spans(self) -> TrajectorySpans:
-        """Env, start and length of each trajectory, ``[M]`` int64 each (computed on first use)."""
+        """Env, start and length of each trajectory, ``[M]`` int64 each."""
         return _spans_from_flat(self.flat_start, self.length, self.num_steps)
 
     def masks(self) -> torch.Tensor:
@@ -92,10 +85,8 @@ def _trajectory_starts(done: torch.Tensor, max_length: int | None) -> tuple[torc
         3    D  .
         4    .  D
 
-    A trajectory starts at t = 0 of every env and after every done; the env's last step always closes it
-    because the next env's t = 0 starts a new one (RSL-RL's ``dones[-1] = 1``).
+    A trajectory starts at t = 0 of every env and after every done (RSL-RL's ``dones[-1] = 1``).
     """
-    # Env-major flags shifted by one step, plus one spare True so that nonzero also yields the last end.
     flags = torch.constant_pad_nd(done[:-1].t(), (1, 0), True).reshape(-1)
     bounds = torch.constant_pad_nd(flags, (0, 1), True).nonzero().squeeze(1)  # the sync: M sizes every output
     flat_start = bounds[:-1]
@@ -122,10 +113,7 @@ def _spans_from_flat(flat_start: torch.Tensor, length: torch.Tensor, num_steps: 
 
 
 def trajectory_spans(dones: torch.Tensor, max_length: int | None = None) -> TrajectorySpans:
-    """Env, start step and length of every trajectory (:class:`TrajectorySpans`), in RSL-RL's order.
-
-    ``dones`` and ``max_length`` as for :func:`plan_trajectories`.
-    """
+    """Env, start step and length of every trajectory in RSL-RL's order (arguments of :func:`plan_trajectories`)."""
     done = _done_flags(dones, max_length)
     _, flat_start, length = _trajectory_starts(done, max_length)
     return _spans_from_flat(flat_start, length, done.shape[0])
@@ -162,11 +150,9 @@ def _resolve_rows(pad_to: PadTo, num_steps: int, length: torch.Tensor, max_lengt
 def plan_trajectories(
     dones: torch.Tensor, *, pad_to: PadTo = "rollout", max_length: int | None = None
 ) -> TrajectoryPlan:
-    """Compute once, from the dones, where every step of a ``[T, N]`` block goes in the padded layout.
+    """Where every step of a ``[T, N]`` block goes in the padded layout, on the dones' device.
 
-    ``dones``: ``[T, N]`` or ``[T, N, 1]``, any dtype, nonzero = done after that step. ``pad_to``: ``"rollout"``
-    (L = T, RSL-RL), ``"longest"`` or an int L. ``max_length``: cut trajectories into segments of at most that
-    many steps. The plan lives on the dones' device and serves every field of the block.
+    ``dones``: ``[T, N]`` or ``[T, N, 1]``, any dtype, nonzero = done after that step.
     """
     done = _done_flags(dones, max_length)
     num_steps, num_envs = done.shape
@@ -179,10 +165,9 @@ def plan_trajectories(
 def _rows(*pairs: tuple[torch.Tensor, int]) -> list[torch.Tensor]:
     """Each ``(tensor, count)`` as ``[count, -1]`` rows, reinterpreted as the widest element type tiling them all.
 
-    ``index_copy_``, ``index_select`` and ``index_fill_`` move one element at a time inside a row, and the
-    split pipeline hands over rows of bytes: moving a 192-byte row as 12 16-byte elements instead of 192 bytes
-    is what keeps the copy at memory speed. The bits are unchanged. Tensors that need a gradient keep their dtype
-    (a dtype view is not differentiable), as do empty, strided or misaligned rows.
+    Indexing ops move one element at a time inside a row, and the split pipeline hands over rows of bytes: wide
+    elements keep the copy at memory speed, with the same bits. Tensors that need a gradient (a dtype view is not
+    differentiable) and empty, strided or misaligned rows keep their dtype.
     """
     rows = [t.reshape(count, -1) for t, count in pairs]
     if any(t.requires_grad or t.numel() == 0 or not r.is_contiguous() for (t, _), r in zip(pairs, rows, strict=True)):
@@ -200,14 +185,9 @@ def scatter_into_trajectories(
 ) -> torch.Tensor:
     """Write a ``[T, N, ...]`` field into the padded layout ``[L, M, ...]`` of ``plan``: ``out[l, m] = x[t, n]``.
 
-    ::
-
-        x [T, N, F] --view--> [T * N, F] --index_copy_(rows = plan.index)--> [L * M, F] --view--> out [L, M, F]
-
-    ``x`` is on the plan's device. ``out``: a contiguous ``[L, M, ...]`` tensor of ``x``'s dtype to reuse (e.g.
-    :func:`trajectory_buffer_view`), else a fresh zeroed one. ``zero=False`` skips zeroing ``out``: only when
-    its padding is already zero (cleared with :func:`clear_trajectories` after its last use), which saves an
-    ``L * M`` memset when trajectories are short. Returns ``out``, zeros where ``plan.masks()`` is False.
+    ``out``: a contiguous ``[L, M, ...]`` tensor of ``x``'s dtype to reuse, else a fresh zeroed one.
+    ``zero=False`` skips zeroing ``out``: only when its padding is already zero (:func:`clear_trajectories`).
+    Returns ``out``, zeros where ``plan.masks()`` is False.
     """
     if tuple(x.shape[:2]) != (plan.num_steps, plan.num_envs) or x.device != plan.index.device:
         raise ValueError(
@@ -234,12 +214,11 @@ def scatter_into_trajectories(
 
 
 def padded_zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero-filled tensor for a fresh padded output.
+    """A zero-filled tensor for a fresh padded output (mostly zeros: making it costs more than filling it).
 
-    The padded layout is mostly zeros, so making it costs more than filling it. On the CPU an output of 4 MiB
-    or more is an anonymous ``mmap`` advised ``MADV_HUGEPAGE``: the kernel hands it out already zeroed, in
-    2 MiB pages, where ``torch.zeros`` faults every 4 KiB page and then writes every byte
-    (benchmarks/bench_split.py shows the gain). The tensor keeps the mapping alive.
+    On the CPU an output of 4 MiB or more is an anonymous ``mmap`` advised ``MADV_HUGEPAGE``: the kernel hands it
+    out already zeroed in 2 MiB pages, where ``torch.zeros`` faults every 4 KiB page and writes every byte
+    (benchmarks/bench_split.py). The tensor keeps the mapping alive.
     """
     count = math.prod(shape)
     nbytes = count * torch.empty((), dtype=dtype).element_size()
@@ -281,10 +260,7 @@ def _gather(padded: torch.Tensor, index: torch.Tensor, num_steps: int, num_envs:
 
 
 def unpad_with_spans(padded: Fields, spans: TrajectorySpans, num_steps: int, num_envs: int) -> Fields:
-    """Restore ``[T, N, ...]`` from any padded layout given its spans (in RSL-RL order, covering the rollout).
-
-    Works for a tensor, a dict of tensors or a TensorDict ``[L, M, ...]``; checks the cover with one sync.
-    """
+    """Restore ``[T, N, ...]`` from any padded layout (tensor, dict or TensorDict) given its spans; syncs once."""
     rows = _first_leaf(padded).shape[0]
     total, longest = torch.stack([spans.length.sum(), spans.length.max()]).tolist() if spans.length.numel() else (0, 0)
     if total != num_steps * num_envs or longest > rows:
@@ -294,9 +270,6 @@ def unpad_with_spans(padded: Fields, spans: TrajectorySpans, num_steps: int, num
         )
     masks = torch.arange(rows, device=spans.length.device).unsqueeze(1) < spans.length
     return unpad_trajectories(padded, masks, num_steps)
-
-
-# ------------------------------------------------------------------------ RSL-RL's API: tensors, dicts, TensorDicts
 
 
 def _is_tensordict(obj: object) -> bool:
@@ -334,9 +307,7 @@ def split_and_pad_trajectories(
 ) -> tuple[Fields, torch.Tensor]:
     """Split trajectories at dones, lay them side by side env-major and pad with zeros (RSL-RL's function).
 
-    RSL-RL's signature, bits and gradients with the default options.
-
-    Example (transposed for readability), T = 6, N = 2::
+    RSL-RL's signature, bits and gradients with the default options. Example (transposed), T = 6, N = 2::
 
         Input: [[a1, a2, a3, a4 | a5, a6],
                 [b1, b2 | b3, b4, b5 | b6]]
@@ -347,10 +318,8 @@ def split_and_pad_trajectories(
                 [b3, b4, b5, 0, 0, 0],   |  [True, True, True, False, False, False],
                 [b6, 0, 0, 0, 0, 0]]     |  [True, False, False, False, False, False]]
 
-    (RSL-RL's docstring draws the rows 4 wide, but its code pads to T, as ``pad_to="rollout"`` does;
-    ``pad_to="longest"`` gives the 4-wide picture.) ``tensor``: ``[T, N, ...]``, a dict of them or a TensorDict
-    ``[T, N]`` (the same container comes back). ``dones``, ``pad_to``, ``max_length``: as for
-    :func:`plan_trajectories`. Returns ``(padded [L, M, ...], masks [L, M] bool)``.
+    (``pad_to="longest"``; RSL-RL's code pads to T, as ``"rollout"`` does.) ``tensor``: ``[T, N, ...]``, a dict of
+    them or a TensorDict (the same container comes back). Returns ``(padded [L, M, ...], masks [L, M] bool)``.
     """
     leaf = _first_leaf(tensor)
     plan = plan_trajectories(dones.to(leaf.device), pad_to=pad_to, max_length=max_length)
@@ -364,8 +333,7 @@ def unpad_trajectories(trajectories: Fields, masks: torch.Tensor, num_steps: int
     """Inverse of :func:`split_and_pad_trajectories`: ``[L, M, ...]`` + masks ``[L, M]`` -> ``[T, N, ...]``.
 
     RSL-RL's signature, bits and gradients. RSL-RL takes T from ``trajectories.shape[0]``, right only when
-    L = T; pass ``num_steps=T`` for other layouts (read column by column, the valid steps are in env-major time
-    order, so T alone splits them into envs). Syncs once (``nonzero``)::
+    L = T; pass ``num_steps=T`` for other layouts. Syncs once (``nonzero``)::
 
         masks.T [M, L] --nonzero--> valid (m, l) in env-major time order --> rows l * M + m, [N, T]
         --transpose--> [T, N] --index_select--> [T, N, ...]
@@ -385,11 +353,9 @@ def hidden_states_at_starts(
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """The recurrent state at the first step of every trajectory (of every segment with ``max_length``).
 
-    ``hidden``: ``[T, layers, N, H]`` (a GRU) or a tuple/list of them (an LSTM's ``(h, c)``); ``spans`` from
-    :func:`trajectory_spans` or ``plan.spans``. Returns ``[layers, M, H]`` contiguous (a tuple for a tuple),
-    equal to RSL-RL's ``saved.permute(2, 0, 1, 3)[last_was_done.permute(1, 0)].transpose(1, 0)``::
-
-        hidden [T, layers, N, H] --[start, :, env]--> [M, layers, H] --transpose--> [layers, M, H]
+    ``hidden``: ``[T, layers, N, H]`` (a GRU) or a tuple/list of them (an LSTM's ``(h, c)``). Returns
+    ``[layers, M, H]`` contiguous (a tuple for a tuple), equal to RSL-RL's
+    ``saved.permute(2, 0, 1, 3)[last_was_done.permute(1, 0)].transpose(1, 0)``.
     """
     if not isinstance(hidden, torch.Tensor):
         return tuple(hidden_states_at_starts(h, spans) for h in hidden)  # type: ignore[misc]
