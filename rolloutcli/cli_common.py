@@ -83,9 +83,7 @@ MemoryOpt = Annotated[
 ExternalOpt = flag("--allow-external", text="Trust soft/external links, external storage and virtual datasets.")
 DeviceOpt = Annotated[
     str,
-    typer.Option(
-        "--device", metavar="DEVICE", help="auto (CUDA when available), cpu, cuda, cuda:<i>."
-    ),
+    typer.Option("--device", metavar="DEVICE", help="auto (CUDA when available), cpu, cuda, cuda:<i>."),
 ]
 
 

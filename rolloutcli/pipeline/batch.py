@@ -1,11 +1,8 @@
 """``rolloutcli batch``: export mini-batch shards (feed-forward, recurrent, distillation) and a manifest.
 
-Every mode is a :class:`~rolloutcli.core.batching.ShardPlan`: the source rows ``t * N + n`` of each shard in
-slot order. This module says which fields each mode exports, how a block of the source becomes rows
-(``[steps * envs, *row_shape]``, time-major) and how a shard's rows are shaped into its datasets
-(:func:`_shard_tensors`); :func:`~rolloutcli.pipeline.shard_export.run_export` does the rest (streaming,
-scatter, writing, the manifest, publishing). Orders never depend on the budget, so the shards are identical
-however the source was read.
+Every mode is a :class:`~rolloutcli.core.batching.ShardPlan`. This module says which fields each mode
+exports, how a block of the source becomes time-major rows and how a shard's rows become its datasets;
+:func:`~rolloutcli.pipeline.shard_export.run_export` does the rest. Orders never depend on the budget.
 """
 
 from __future__ import annotations
@@ -20,10 +17,11 @@ import torch
 
 from rolloutcli.core.batching import ShardPlan, gather_fields, plan_batches
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
-from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
+from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
 from rolloutcli.hdf5.storage_io import distribution_order
+from rolloutcli.pipeline.history import HistoryOptions, history_job
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
 from rolloutcli.pipeline.shard_export import (
@@ -31,7 +29,6 @@ from rolloutcli.pipeline.shard_export import (
     ExportJob,
     Field,
     Rows,
-    check_export_options,
     gae_attrs,
     run_export,
     usage,
@@ -53,16 +50,9 @@ ORDER_TEXT = {
 
 @dataclass(frozen=True)
 class BatchOptions:
-    """What ``batch`` exports.
-
-    Attributes:
-        num_mini_batches: M, shards per epoch (feed-forward rows, recurrent env groups, distillation step ranges).
-        epochs: E; epochs that share an order (parity, fixed env groups, distillation) share their files.
-        seed: seeds the ``torch.Generator`` every order is drawn from.
-        mode: ``feedforward``, ``recurrent`` or ``distillation``.
-        rsl_parity: reproduce RSL-RL exactly (one order reused, remainder dropped).
-        shuffle_envs: recurrent only: new env groups every epoch.
-        compression: None (default, fastest), ``lzf`` or ``gzip``.
+    """What ``batch`` exports: ``num_mini_batches`` M shards per epoch (feed-forward rows, recurrent env
+    groups, distillation step ranges); epochs that share an order share their files. ``mode`` is
+    ``feedforward``, ``recurrent`` or ``distillation``; ``compression`` None, ``lzf`` or ``gzip``.
     """
 
     num_mini_batches: int
@@ -75,9 +65,7 @@ class BatchOptions:
 
 
 def _check_options(options: BatchOptions) -> None:
-    if options.mode not in ("feedforward", "recurrent", "distillation"):
-        raise usage(f"batch: expected mode feedforward, recurrent or distillation, found '{options.mode}'.")
-    check_export_options(options.num_mini_batches, options.epochs, options.compression)
+    """The combinations the command line cannot rule out (ranges and choices are checked there)."""
     if options.shuffle_envs and options.mode != "recurrent":
         raise usage("--shuffle-envs: expected --recurrent (it reshuffles env groups), found another mode.")
     if options.shuffle_envs and options.rsl_parity:
@@ -100,14 +88,9 @@ def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
     else:
         missing = [name for name in ("advantages", "returns") if name not in fields]
         if missing:
-            raise RolloutError.many(
-                path,
-                [
-                    problem_line(path, name, "a dataset [T, N]", "nothing", "Run `rolloutcli gae` first.")
-                    for name in missing
-                ],
-                exit_code=EXIT_BAD_DATA,
-            )
+            fix = "Run `rolloutcli gae` first."
+            problems = [problem_line(path, name, "a dataset [T, N]", "nothing", fix) for name in missing]
+            raise RolloutError.many(path, problems)
     limit = {"feedforward": (reader.T * reader.N, "rows (T*N)"), "recurrent": (reader.N, "envs (N)")}.get(
         options.mode, (reader.T, "steps (T)")
     )
@@ -238,18 +221,21 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
 def run_batch(
     src: Path,
     dst: Path,
-    options: BatchOptions,
+    options: BatchOptions | HistoryOptions,
     run: RunOptions,
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Write the shard folder ``dst`` from the rollout file ``src``; return a summary dict.
+    """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows).
 
     Raises:
-        RolloutError: bad options, ``num_mini_batches`` too large or ``--max-memory`` below twice a chunk
-            (exit 2), missing ``advantages``/``returns`` in an RL mode or ``privileged_actions``
-            for distillation (exit 1), I/O faults (exit 3).
+        RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
+            a chunk (exit 2), missing fields (exit 1), I/O faults (exit 3).
     """
-    _check_options(options)
-    return run_export(src, dst, partial(_job, options=options), run, overwrite=overwrite, progress=progress)
+    if isinstance(options, HistoryOptions):
+        prepare = partial(history_job, options=options, budget=run.max_memory)
+    else:
+        _check_options(options)
+        prepare = partial(_job, options=options)
+    return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress)

@@ -59,7 +59,6 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
         blowup = padded_bytes / max(input_bytes, 1)
         gae = {k: schema.attrs[k] for k in GAE_ATTRS if k in schema.attrs}
         warnings.extend(_warnings(reader, blowup, gae))
-        per_env = episodes.per_env
         return {
             "file": str(path),
             "size_bytes": os.path.getsize(path),
@@ -80,21 +79,7 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
             ],
             "observations": dict(schema.observation_keys),
             "extras": schema.names("extra"),
-            "episodes": {
-                "completed": episodes.completed,
-                "terminations": episodes.terminations,
-                "time_outs": episodes.time_outs,
-                "started_before_recording": episodes.first_completed,
-                "unfinished": episodes.unfinished,
-                "lengths": episodes.length_summary(),
-                "histogram": episodes.histogram(),
-                "per_env": {
-                    "min": min(per_env),
-                    "mean": sum(per_env) / len(per_env),
-                    "max": max(per_env),
-                    "counts": per_env,
-                },
-            },
+            "episodes": _episodes_report(episodes),
             **{name: moments[name].as_dict() if name in moments else None for name in MOMENT_FIELDS},
             "hidden_states": hidden_layout(reader),
             "gae": gae or None,
@@ -107,6 +92,20 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
             "attrs": schema.attrs,
             "warnings": warnings,
         }
+
+
+def _episodes_report(episodes: EpisodeStats) -> dict[str, Any]:
+    per_env = episodes.per_env
+    return {
+        "completed": episodes.completed,
+        "terminations": episodes.terminations,
+        "time_outs": episodes.time_outs,
+        "started_before_recording": episodes.first_completed,
+        "unfinished": episodes.unfinished,
+        "lengths": episodes.length_summary(),
+        "histogram": episodes.histogram(),
+        "per_env": {"min": min(per_env), "mean": sum(per_env) / len(per_env), "max": max(per_env), "counts": per_env},
+    }
 
 
 def _scan(reader: RolloutReader, progress: Progress) -> tuple[EpisodeStats, dict[str, Moments]]:
