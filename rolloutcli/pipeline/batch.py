@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from rolloutcli.core.batching import ShardPlan, gather_fields, plan_batches
@@ -29,6 +28,7 @@ from rolloutcli.pipeline.shard_export import (
     ExportJob,
     Field,
     Rows,
+    export_fields,
     gae_attrs,
     run_export,
     usage,
@@ -112,13 +112,7 @@ def _fields(reader: RolloutReader, mode: str) -> list[Field]:
         pairs += [(n, n) for n in sorted(schema.per_step_names()) if n not in observations]
         if mode == "recurrent":
             pairs += [(path, path) for net in ("actor", "critic") for path in schema.hidden.get(net, [])]
-    out = []
-    for source, name in pairs:
-        dtype, shape = reader.normalized(source, 0, 1)  # what reading env 0 would return (metadata only)
-        role = schema.fields[source].role
-        row_shape = (shape[1], shape[3]) if role == "hidden" else tuple(shape[2:])
-        out.append(Field(source, name, role, torch.from_numpy(np.empty(0, dtype)).dtype, row_shape))
-    return out
+    return export_fields(reader, pairs)
 
 
 def read_rows(reader: RolloutReader, field: Field, block: Block) -> torch.Tensor:

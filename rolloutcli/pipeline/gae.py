@@ -25,7 +25,7 @@ from rolloutcli.hdf5.limits import check_regular_file
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.safety import HDF5_ERRORS, translate_write_error
 from rolloutcli.pipeline.options import RunOptions
-from rolloutcli.pipeline.progress import NoProgress, Progress
+from rolloutcli.pipeline.progress import Progress
 
 WRITTEN = ("advantages", "returns")
 
@@ -64,7 +64,7 @@ def run_gae(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Write ``dst`` (or replace ``src`` when ``in_place``) = ``src`` + advantages, returns, attributes."""
-    progress = progress or NoProgress()
+    progress = progress or Progress()
     started = time.perf_counter()
     src = Path(src)
     if in_place:

@@ -12,13 +12,12 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 
 from rolloutcli.core.history import gather_windows, history_plan, window_ends, window_mask
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
-from rolloutcli.pipeline.shard_export import Block, ExportJob, Field, Rows, usage
+from rolloutcli.pipeline.shard_export import Block, ExportJob, Field, Rows, export_fields, usage
 
 ORDER_TEXT = (
     "epoch e: the e-th torch.randperm(W) drawn from torch.Generator().manual_seed(seed), applied to the W "
@@ -62,18 +61,6 @@ def _groups(reader: RolloutReader, options: HistoryOptions) -> list[str]:
             f"{', '.join(repr(g) for g in unknown)}."
         )
     return list(dict.fromkeys(options.groups))
-
-
-def _fields(reader: RolloutReader, groups: list[str], history: int) -> list[Field]:
-    """The chosen groups and ``dones`` as window fields (rows ``[K, *entry_shape]``), from the metadata."""
-    schema = reader.schema
-    pairs = [(schema.observation_keys[g], f"observations/{g}") for g in groups] + [("dones", "window_dones")]
-    out = []
-    for source, name in pairs:
-        dtype, shape = reader.normalized(source, 0, 1)  # what reading env 0 would return (dones: uint8 0/1)
-        torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
-        out.append(Field(source, name, schema.fields[source].role, torch_dtype, (history, *shape[2:])))
-    return out
 
 
 def _eligible(reader: RolloutReader, options: HistoryOptions, budget: int) -> torch.Tensor:
@@ -139,7 +126,8 @@ def history_job(reader: RolloutReader, options: HistoryOptions, budget: int) -> 
     if K > T:
         raise usage(f"--history: expected at most {T} (the file's steps T), found {K}.")
     groups = _groups(reader, options)
-    fields = _fields(reader, groups, K)
+    pairs = [(reader.schema.observation_keys[g], f"observations/{g}") for g in groups] + [("dones", "window_dones")]
+    fields = export_fields(reader, pairs, window=K)
     ends = window_ends(_eligible(reader, options, budget))
     windows = ends.numel()
     if windows == 0:
@@ -174,4 +162,3 @@ def history_job(reader: RolloutReader, options: HistoryOptions, budget: int) -> 
         },
         label="batch --history",
     )
-

@@ -15,7 +15,7 @@ from rolloutcli.errors import RolloutError
 from rolloutcli.fields import by_flag
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.options import RunOptions
-from rolloutcli.pipeline.progress import NoProgress, Progress
+from rolloutcli.pipeline.progress import Progress
 
 BLOWUP_WARNING = 10.0  # padded size / input size above which split warns
 GAE_ATTRS = ("gae_gamma", "gae_lambda", "advantages_normalized", "timeouts_bootstrapped", "last_values_mode")
@@ -46,7 +46,7 @@ def hidden_layout(reader: RolloutReader) -> dict[str, dict[str, Any]]:
 
 def run_inspect(path: Path, options: RunOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Summarise ``path``; structural problems raise ``RolloutError``, value problems become warnings."""
-    progress = progress or NoProgress()
+    progress = progress or Progress()
     with RolloutReader(path, options.safety, check=False, budget=options.max_memory) as reader:
         schema = reader.schema
         warnings: list[str] = []

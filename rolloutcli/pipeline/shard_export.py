@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import xxhash
 
@@ -37,13 +38,10 @@ from rolloutcli.hdf5.shards import (
     write_manifest,
 )
 from rolloutcli.pipeline.options import RunOptions
-from rolloutcli.pipeline.progress import NoProgress, Progress
+from rolloutcli.pipeline.progress import Progress
 from rolloutcli.pipeline.scatter import Emitter, Field, Rows, ShardScatter
 
 Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
-
-
-SOURCE_HASH = "xxh3_128"  # the manifest's name for the source's content hash
 
 
 def _hash_file(path: Path, stop: threading.Event) -> str:
@@ -59,20 +57,12 @@ def _hash_file(path: Path, stop: threading.Event) -> str:
     return digest.hexdigest()
 
 
-@dataclass(frozen=True)
-class ShardFolder:
-    """An export's output while it is written: the temporary folder, its writer, the source's hash to come."""
-
-    tmp: Path
-    writer: ShardWriter
-    source_hash: Future[str]
-
-
 @contextmanager
-def shard_folder(src: Path, dst: Path, attrs: dict[str, Any], job: ExportJob, overwrite: bool) -> Iterator[ShardFolder]:
-    """Shards written into a temporary folder beside ``dst``, published when the block ends normally
-    (write the manifest last, inside it). Torch runs on one thread: idle OpenMP workers spinning would
-    compete with the hashing and writing threads."""
+def shard_folder(src: Path, dst: Path, job: ExportJob, overwrite: bool) -> Iterator[tuple[Path, ShardWriter, Future]]:
+    """The temporary folder beside ``dst``, its writer and the source's hash to come; published when the block
+    ends normally (write the manifest last, inside it). Torch runs on one thread: idle OpenMP workers
+    spinning would compete with the hashing and writing threads."""
+    attrs = {"rolloutcli_format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode, **job.attrs}
     threads, stop = torch.get_num_threads(), threading.Event()
     torch.set_num_threads(1)
     try:
@@ -83,22 +73,41 @@ def shard_folder(src: Path, dst: Path, attrs: dict[str, Any], job: ExportJob, ov
                     atomic_folder(dst, inputs=[src], overwrite=overwrite, owned=is_shard_folder) as tmp,
                     ShardWriter(tmp, attrs, job.group_attrs, compression=job.compression, label=dst) as writer,
                 ):
-                    yield ShardFolder(tmp, writer, digest)
+                    yield tmp, writer, digest
             finally:
                 stop.set()
     finally:
         torch.set_num_threads(threads)
 
 
-def source_record(reader: RolloutReader, content_hash: str) -> dict[str, Any]:
-    """The manifest's ``source``: ``{path, size_bytes, xxh3_128, T, N}`` of the rollout file."""
-    return {
+def export_fields(reader: RolloutReader, pairs: list[tuple[str, str]], window: int | None = None) -> list[Field]:
+    """``(source, name)`` pairs as fields, from the metadata: the dtype and row shape reading them gives
+    (normalised; hidden states: rows ``[layers, H]``; with ``window`` K: rows ``[K, *entry_shape]``)."""
+    out = []
+    for source, name in pairs:
+        dtype, shape = reader.normalized(source, 0, 1)  # what reading env 0 would return (dones: uint8 0/1)
+        role = reader.schema.fields[source].role
+        row_shape = (shape[1], shape[3]) if role == "hidden" else tuple(shape[2:])
+        if window is not None:
+            row_shape = (window, *row_shape)
+        out.append(Field(source, name, role, torch.from_numpy(np.empty(0, dtype)).dtype, row_shape))
+    return out
+
+
+def _manifest(reader: RolloutReader, job: ExportJob, source_hash: str, shards: list[Any]) -> dict[str, Any]:
+    """The manifest: the source file (with its XXH3-128), the mode's entries, each field's row, the shards."""
+    source = {
         "path": os.path.abspath(reader.path),
         "size_bytes": os.stat(reader.path).st_size,
-        SOURCE_HASH: content_hash,
+        "xxh3_128": source_hash,
         "T": reader.T,
         "N": reader.N,
     }
+    fields = {
+        f.name: {"dtype": str(f.dtype).removeprefix("torch."), "row_shape": list(f.row_shape)} for f in job.fields
+    }
+    head = {"format": MANIFEST_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode}
+    return {**head, "source": source, **job.manifest, "fields": fields, "shards": shards}
 
 
 def gae_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -110,11 +119,6 @@ def gae_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
         "timeouts_bootstrapped": "timeouts_bootstrapped",
     }
     return {key: attrs.get(name) for key, name in names.items()}
-
-
-def field_records(fields: Iterable[Field]) -> dict[str, dict[str, Any]]:
-    """The manifest's ``fields``: each shard dataset's dtype and per-row shape."""
-    return {f.name: {"dtype": str(f.dtype).removeprefix("torch."), "row_shape": list(f.row_shape)} for f in fields}
 
 
 @dataclass
@@ -225,7 +229,7 @@ def run_export(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Write the shard folder ``dst`` from ``src``; ``prepare(reader)`` checks the source, builds the job."""
-    progress = progress or NoProgress()
+    progress = progress or Progress()
     started = time.perf_counter()
     src, dst = Path(src), Path(dst)
     with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
@@ -234,31 +238,27 @@ def run_export(
         streamed = reader.T * reader.N * job.read_bytes > run.max_memory // 2
         passes = job.plan.passes
         try:
-            attrs = {"rolloutcli_format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode, **job.attrs}
-            with shard_folder(src, dst, attrs, job, overwrite) as out:
+            with shard_folder(src, dst, job, overwrite) as (tmp, writer, source_hash):
                 emitter = Emitter(
-                    job.plan, out.writer, job.fields, progress, job.shard_tensors, buffer_sets=1 if streamed else 2
+                    job.plan, writer, job.fields, progress, job.shard_tensors, buffer_sets=1 if streamed else 2
                 )
                 progress.start(job.label, sum(len(p.sizes) for p in passes) + len(passes) * len(blocks))
-                _export_passes(reader, job, emitter, out.tmp, blocks, run.max_memory)
-                out.writer.wait_all()
+                _export_passes(reader, job, emitter, tmp, blocks, run.max_memory)
+                writer.wait_all()
                 entries = emitter.entries()  # every shard's hash is known now
-                head = {"format": MANIFEST_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode}
-                source = source_record(reader, out.source_hash.result())
-                fields = field_records(job.fields)
-                write_manifest(out.tmp, {**head, "source": source, **job.manifest, "fields": fields, "shards": entries})
+                write_manifest(tmp, _manifest(reader, job, source_hash.result(), entries))
         finally:
             progress.finish()
     seconds = time.perf_counter() - started
-    written = sum(size for size, _ in out.writer.results.values())
+    written = sum(size for size, _ in writer.results.values())
     return {
         "input": str(src),
         "output": str(dst),
         "mode": job.mode,
-        "T": source["T"],
-        "N": source["N"],
+        "T": reader.T,
+        "N": reader.N,
         **job.summary,
-        "files": len(out.writer.results),
+        "files": len(writer.results),
         "entries": len(entries),
         "bytes_written": written,
         "streamed": streamed,

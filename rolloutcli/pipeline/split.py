@@ -43,7 +43,7 @@ from rolloutcli.hdf5.reader import H5Input, RolloutReader
 from rolloutcli.hdf5.schema import FORMAT_NAME
 from rolloutcli.hdf5.writer import RolloutOutput
 from rolloutcli.pipeline.options import RunOptions
-from rolloutcli.pipeline.progress import NoProgress, Progress
+from rolloutcli.pipeline.progress import Progress
 
 SPLIT_FORMAT = "trajectories"
 SPAN_NAMES = ("trajectory_env", "trajectory_start", "trajectory_length")
@@ -113,7 +113,7 @@ def run_split(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Write the split-and-padded trajectories of ``src`` to ``dst`` (see the module docstring)."""
-    progress = progress or NoProgress()
+    progress = progress or Progress()
     started = time.perf_counter()
     check_output_path(dst, [src], overwrite=overwrite)  # before the input is read; atomic_file checks again
     with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
@@ -244,7 +244,7 @@ def run_unpad(
     src: Path, dst: Path, run: RunOptions, *, overwrite: bool = False, progress: Progress | None = None
 ) -> dict[str, Any]:
     """Restore the ``[T, N, ...]`` rollout from a split file written by ``run_split`` (exact inverse)."""
-    progress = progress or NoProgress()
+    progress = progress or Progress()
     started = time.perf_counter()
     check_output_path(dst, [src], overwrite=overwrite)  # before the input is read; atomic_file checks again
     with H5Input(src, run.safety) as source:
