@@ -29,7 +29,6 @@ from rolloutcli.pipeline.shard_export import (
     Field,
     Rows,
     export_fields,
-    gae_attrs,
     run_export,
     usage,
 )
@@ -184,9 +183,14 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
     exported = any(f.name.startswith("distribution/") for f in fields)
     distribution = distribution_order(reader) if exported else []
     order = ORDER_TEXT[(options.mode, "shuffle" if options.shuffle_envs else options.rsl_parity)]
-    common = {"rows_per_epoch": sum(plan.passes[0].sizes), "dropped_rows": plan.dropped_rows}
-    common["dropped_envs"] = plan.dropped_envs
-    gae = gae_attrs(reader.schema.attrs)
+    common = {
+        "rows_per_epoch": sum(plan.passes[0].sizes),
+        "dropped_rows": plan.dropped_rows,
+        "dropped_envs": plan.dropped_envs,
+    }
+    attrs = reader.schema.attrs  # what a gae run recorded in the source (None where it recorded nothing)
+    gae = {"gamma": attrs.get("gae_gamma"), "lambda": attrs.get("gae_lambda")}
+    gae |= {name: attrs.get(name) for name in ("advantages_normalized", "timeouts_bootstrapped")}
     options_record = {key: value for key, value in asdict(options).items() if key != "mode"}
     return ExportJob(
         mode=options.mode,

@@ -110,17 +110,6 @@ def _manifest(reader: RolloutReader, job: ExportJob, source_hash: str, shards: l
     return {**head, "source": source, **job.manifest, "fields": fields, "shards": shards}
 
 
-def gae_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
-    """What a ``gae`` run recorded in the source (None where it recorded nothing)."""
-    names = {
-        "gamma": "gae_gamma",
-        "lambda": "gae_lambda",
-        "advantages_normalized": "advantages_normalized",
-        "timeouts_bootstrapped": "timeouts_bootstrapped",
-    }
-    return {key: attrs.get(name) for key, name in names.items()}
-
-
 @dataclass
 class ExportJob:
     """One mode of the export (see the module docstring).

@@ -363,8 +363,7 @@ def _write_unpad(
         block_spans = TrajectorySpans(spans.env[m0:m1] - start, spans.start[m0:m1], spans.length[m0:m1])
         for name in fields:
             padded = source.slice(name, (slice(None), slice(m0, m1)))
-            rows = torch.from_numpy(np.ascontiguousarray(padded).reshape(L, m1 - m0, -1).view(np.uint8))
-            restored = unpad_with_spans(rows.to(run.device), block_spans, T, stop - start)
+            restored = unpad_with_spans(_as_byte_rows(padded).to(run.device), block_spans, T, stop - start)
             out.write(
                 name,
                 (slice(None), slice(start, stop)),
