@@ -42,13 +42,13 @@ from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import H5Input, RolloutReader
 from rolloutcli.hdf5.schema import FORMAT_NAME
 from rolloutcli.hdf5.writer import RolloutOutput
+from rolloutcli.pipeline.inspect import BLOWUP_WARNING
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
 
 SPLIT_FORMAT = "trajectories"
 SPAN_NAMES = ("trajectory_env", "trajectory_start", "trajectory_length")
 FULL_HIDDEN_PREFIX = "rollout/"
-BLOWUP_WARNING = 10.0
 
 
 @dataclass(frozen=True)
