@@ -278,9 +278,8 @@ def _cleanup() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app and map every outcome to an exit code.
 
-    Called without ``argv`` (the console script, ``python -m rolloutcli``) it owns the process and ends it
-    with ``os._exit`` after cleaning up and flushing: h5py can crash the interpreter at exit after a failed
-    write (disk full). Called with ``argv`` (tests, embedding) it only returns the code.
+    Without ``argv`` (the console script) it ends the process itself with ``os._exit`` (see ``_exit_now``);
+    with ``argv`` (tests, embedding) it only returns the code.
     """
     RunState.begin()
     own_process = argv is None

@@ -7,7 +7,7 @@ command so ``rolloutcli --help`` stays fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -94,8 +94,9 @@ def batch(
     # on every machine): no --device; ShardDataset picks where batches go.
     run = run_options(max_memory, allow_external)
     compression = compression and compression.value
-    progress = RichProgress(quiet)
-    summary: dict[str, Any]
+    from rolloutcli.pipeline.batch import BatchOptions, HistoryOptions, run_batch
+
+    options: BatchOptions | HistoryOptions
     if history is not None:
         flags = [("--recurrent", recurrent), ("--distillation", distillation), ("--rsl-parity", rsl_parity)]
         given = [name for name, on in [*flags, ("--shuffle-envs", shuffle_envs)] if on]
@@ -104,18 +105,13 @@ def batch(
                 f"--history: expected none of {', '.join(given)} (history windows are a mode of their own).",
                 exit_code=EXIT_USAGE,
             )
-        from rolloutcli.pipeline.history import HistoryOptions, run_history
-
         groups = _groups(observations)
-        hist = HistoryOptions(history, num_mini_batches, epochs, seed, across_episodes, groups, compression)
-        summary = run_history(file, output, hist, run, overwrite=overwrite, progress=progress)
+        options = HistoryOptions(history, num_mini_batches, epochs, seed, across_episodes, groups, compression)
     else:
         for name, on in (("--across-episodes", across_episodes), ("--observations", observations is not None)):
             if on:
                 raise RolloutError(f"{name}: expected --history K with it, found none.", exit_code=EXIT_USAGE)
-        from rolloutcli.pipeline.batch import BatchOptions, run_batch
-
         mode = "recurrent" if recurrent else "distillation" if distillation else "feedforward"
         options = BatchOptions(num_mini_batches, epochs, seed, mode, rsl_parity, shuffle_envs, compression)
-        summary = run_batch(file, output, options, run, overwrite=overwrite, progress=progress)
+    summary = run_batch(file, output, options, run, overwrite=overwrite, progress=RichProgress(quiet))
     emit(summary, render_batch, json_output, quiet, output)

@@ -1,8 +1,6 @@
 """What every ``rolloutcli`` command shares: option declarations, choices, and how a result reaches stdout.
 
-``cli.py`` and ``cli_batch.py`` both import this module (and it imports neither), so the option aliases are
-declared once. Choices are enums and ranges are typer's, so a bad value is a usage error (exit 2) before any
-file is touched.
+Choices are enums and ranges are typer's: a bad value is a usage error (exit 2) before any file is touched.
 """
 
 from __future__ import annotations
@@ -83,9 +81,7 @@ MemoryOpt = Annotated[
 ExternalOpt = flag("--allow-external", text="Trust soft/external links, external storage and virtual datasets.")
 DeviceOpt = Annotated[
     str,
-    typer.Option(
-        "--device", metavar="DEVICE", help="auto (CUDA when available), cpu, cuda, cuda:<i>."
-    ),
+    typer.Option("--device", metavar="DEVICE", help="auto (CUDA when available), cpu, cuda, cuda:<i>."),
 ]
 
 
@@ -113,11 +109,8 @@ class StdoutClosed(Exception):
 
 
 class GuardedStdout:
-    """``sys.stdout`` while a command runs: a failed write (disk full, EFBIG, closed fd) is an I/O fault (exit 3).
-
-    ``rolloutcli inspect --json > report.json`` on a full disk must end with one line and exit 3, not a
-    traceback; a closed pipe raises ``StdoutClosed``; a closed descriptor (``>&-``, ``sys.stdout`` is None)
-    fails only when something is written.
+    """``sys.stdout`` while a command runs: a failed write (disk full, closed fd) is an I/O fault (exit 3),
+    a closed pipe raises ``StdoutClosed``; a closed descriptor fails only when something is written.
     """
 
     def __init__(self, stream: Any) -> None:
@@ -148,11 +141,8 @@ class GuardedStdout:
 def emit(
     summary: dict[str, Any], render: Callable[..., None], json_output: bool, quiet: bool, output: Path | None = None
 ) -> None:
-    """Print a command's result: JSON, the human summary, or nothing with ``--quiet``.
-
-    ``seconds`` is the whole command's time (``main`` starts the clock). ``output`` is what the command has
-    published: a failure to print after it says the output is complete.
-    """
+    """Print a command's result: JSON, the human summary, or nothing with ``--quiet``. ``seconds`` is the
+    whole command's time; a failure to print after ``output`` was published says the output is complete."""
     RunState.published = str(output) if output is not None else None
     seconds = summary["seconds"] = time.perf_counter() - RunState.started
     if "gb_per_s" in summary:

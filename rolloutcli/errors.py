@@ -1,9 +1,4 @@
-"""The one user-facing exception of rolloutcli and its exit codes.
-
-Every problem a user can cause or fix (bad data, bad options, I/O faults, unsafe files) is raised as a
-``RolloutError``. The CLI prints ``str(error)`` as one line on stderr and exits with ``error.exit_code``.
-This module imports nothing heavy (no torch, no h5py) so ``rolloutcli --help`` stays fast.
-"""
+"""The one user-facing exception of rolloutcli (printed as one line on stderr) and its exit codes."""
 
 from __future__ import annotations
 
@@ -33,14 +28,7 @@ class RolloutError(Exception):
 
     @classmethod
     def field(
-        cls,
-        path: object,
-        field: str,
-        expected: str,
-        found: str,
-        fix: str = "",
-        *,
-        exit_code: int = EXIT_BAD_DATA,
+        cls, path: object, field: str, expected: str, found: str, fix: str = "", *, exit_code: int = EXIT_BAD_DATA
     ) -> RolloutError:
         """Build the standard message: ``<file>: field '<f>': expected <x>, found <y>. <fix>``."""
         return cls(problem_line(path, field, expected, found, fix), exit_code=exit_code)
@@ -55,11 +43,8 @@ class RolloutError(Exception):
 
 
 def one_line(text: str) -> str:
-    """``text`` as one printable line: line breaks become spaces, other control characters are escaped.
-
-    Messages quote HDF5 errors (which span lines) and names read from untrusted files (which may hold
-    newlines or terminal escape sequences); the CLI prints every error through this.
-    """
+    """``text`` as one printable line: line breaks become spaces, other control characters are escaped
+    (messages quote multi-line HDF5 errors and names from untrusted files)."""
     out = []
     for char in text:
         if char in "\r\n\t\v\f":

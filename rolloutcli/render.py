@@ -1,9 +1,7 @@
-"""Render pipeline results (plain dicts) for people and scripts: text on stdout, progress bars on stderr.
+"""Render pipeline results (plain dicts): text on stdout, progress bars on stderr, JSON (NaN/Inf as null).
 
-Every string in a result may come from an untrusted file (paths, dataset names, attributes). ``printable``
-turns each into one line without control characters, and the consoles never parse rich markup or emoji
-codes, so a name such as ``extra[/bold]`` or one holding terminal escape sequences prints as it is spelled.
-``--json`` output holds no NaN or Infinity (not JSON): non-finite numbers become ``null``.
+Strings may come from untrusted files: ``printable`` makes each one line without control characters, and the
+consoles never parse rich markup or emoji codes, so every name prints as it is spelled.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rolloutcli.errors import one_line
+from rolloutcli.pipeline.progress import Progress
 
 stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
@@ -77,7 +76,7 @@ def _num(value: Any) -> str:
     return str(value)
 
 
-class RichProgress:
+class RichProgress(Progress):
     """A ``Progress`` that draws a rich bar on stderr (nothing when quiet or not a terminal)."""
 
     def __init__(self, quiet: bool) -> None:

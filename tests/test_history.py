@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader
 from rolloutcli import CircularBuffer, ShardDataset
 from rolloutcli.core.history import gather_windows, window_ends, window_mask, window_rows
 from rolloutcli.hdf5.shards import read_shard
-from rolloutcli.pipeline.history import HistoryOptions, run_history
+from rolloutcli.pipeline.batch import run_batch
+from rolloutcli.pipeline.history import HistoryOptions
 from rolloutcli.pipeline.options import RunOptions
 
 T, N = 40, 5
@@ -39,7 +40,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np
 
 def export(src: Path, dst: Path, *, memory: int = 1 << 30, **options: object) -> dict:
     options.setdefault("num_mini_batches", 3)
-    return run_history(src, dst, HistoryOptions(**options), RunOptions(max_memory=memory))  # type: ignore[arg-type]
+    return run_batch(src, dst, HistoryOptions(**options), RunOptions(max_memory=memory))  # type: ignore[arg-type]
 
 
 def shards(folder: Path, epoch: int | None = None) -> list[dict[str, np.ndarray]]:

@@ -1,11 +1,8 @@
 """``rolloutcli batch``: export mini-batch shards (feed-forward, recurrent, distillation) and a manifest.
 
-Every mode is a :class:`~rolloutcli.core.batching.ShardPlan`: the source rows ``t * N + n`` of each shard in
-slot order. This module says which fields each mode exports, how a block of the source becomes rows
-(``[steps * envs, *row_shape]``, time-major) and how a shard's rows are shaped into its datasets
-(:func:`_shard_tensors`); :func:`~rolloutcli.pipeline.shard_export.run_export` does the rest (streaming,
-scatter, writing, the manifest, publishing). Orders never depend on the budget, so the shards are identical
-however the source was read.
+Every mode is a :class:`~rolloutcli.core.batching.ShardPlan`. This module says which fields each mode
+exports, how a block of the source becomes time-major rows and how a shard's rows become its datasets;
+:func:`~rolloutcli.pipeline.shard_export.run_export` does the rest. Orders never depend on the budget.
 """
 
 from __future__ import annotations
@@ -15,14 +12,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from rolloutcli.core.batching import ShardPlan, gather_fields, plan_batches
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
-from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
+from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
+from rolloutcli.pipeline.history import HistoryOptions, history_job
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
 from rolloutcli.pipeline.shard_export import (
@@ -30,8 +27,7 @@ from rolloutcli.pipeline.shard_export import (
     ExportJob,
     Field,
     Rows,
-    check_export_options,
-    gae_attrs,
+    export_fields,
     run_export,
     usage,
 )
@@ -52,16 +48,9 @@ ORDER_TEXT = {
 
 @dataclass(frozen=True)
 class BatchOptions:
-    """What ``batch`` exports.
-
-    Attributes:
-        num_mini_batches: M, shards per epoch (feed-forward rows, recurrent env groups, distillation step ranges).
-        epochs: E; epochs that share an order (parity, fixed env groups, distillation) share their files.
-        seed: seeds the ``torch.Generator`` every order is drawn from.
-        mode: ``feedforward``, ``recurrent`` or ``distillation``.
-        rsl_parity: reproduce RSL-RL exactly (one order reused, remainder dropped).
-        shuffle_envs: recurrent only: new env groups every epoch.
-        compression: None (default, fastest), ``lzf`` or ``gzip``.
+    """What ``batch`` exports: ``num_mini_batches`` M shards per epoch (feed-forward rows, recurrent env
+    groups, distillation step ranges); epochs that share an order share their files. ``mode`` is
+    ``feedforward``, ``recurrent`` or ``distillation``; ``compression`` None, ``lzf`` or ``gzip``.
     """
 
     num_mini_batches: int
@@ -74,9 +63,7 @@ class BatchOptions:
 
 
 def _check_options(options: BatchOptions) -> None:
-    if options.mode not in ("feedforward", "recurrent", "distillation"):
-        raise usage(f"batch: expected mode feedforward, recurrent or distillation, found '{options.mode}'.")
-    check_export_options(options.num_mini_batches, options.epochs, options.compression)
+    """The combinations the command line cannot rule out (ranges and choices are checked there)."""
     if options.shuffle_envs and options.mode != "recurrent":
         raise usage("--shuffle-envs: expected --recurrent (it reshuffles env groups), found another mode.")
     if options.shuffle_envs and options.rsl_parity:
@@ -99,14 +86,9 @@ def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
     else:
         missing = [name for name in ("advantages", "returns") if name not in fields]
         if missing:
-            raise RolloutError.many(
-                path,
-                [
-                    problem_line(path, name, "a dataset [T, N]", "nothing", "Run `rolloutcli gae` first.")
-                    for name in missing
-                ],
-                exit_code=EXIT_BAD_DATA,
-            )
+            fix = "Run `rolloutcli gae` first."
+            problems = [problem_line(path, name, "a dataset [T, N]", "nothing", fix) for name in missing]
+            raise RolloutError.many(path, problems)
     limit = {"feedforward": (reader.T * reader.N, "rows (T*N)"), "recurrent": (reader.N, "envs (N)")}.get(
         options.mode, (reader.T, "steps (T)")
     )
@@ -128,13 +110,7 @@ def _fields(reader: RolloutReader, mode: str) -> list[Field]:
         pairs += [(n, n) for n in sorted(schema.per_step_names()) if n not in observations]
         if mode == "recurrent":
             pairs += [(path, path) for net in ("actor", "critic") for path in schema.hidden.get(net, [])]
-    out = []
-    for source, name in pairs:
-        dtype, shape = reader.normalized(source, 0, 1)  # what reading env 0 would return (metadata only)
-        role = schema.fields[source].role
-        row_shape = (shape[1], shape[3]) if role == "hidden" else tuple(shape[2:])
-        out.append(Field(source, name, role, torch.from_numpy(np.empty(0, dtype)).dtype, row_shape))
-    return out
+    return export_fields(reader, pairs)
 
 
 def read_rows(reader: RolloutReader, field: Field, block: Block) -> torch.Tensor:
@@ -206,9 +182,14 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
     exported = any(f.name.startswith("distribution/") for f in fields)
     distribution = reader.distribution_order() if exported else []
     order = ORDER_TEXT[(options.mode, "shuffle" if options.shuffle_envs else options.rsl_parity)]
-    common = {"rows_per_epoch": sum(plan.passes[0].sizes), "dropped_rows": plan.dropped_rows}
-    common["dropped_envs"] = plan.dropped_envs
-    gae = gae_attrs(reader.schema.attrs)
+    common = {
+        "rows_per_epoch": sum(plan.passes[0].sizes),
+        "dropped_rows": plan.dropped_rows,
+        "dropped_envs": plan.dropped_envs,
+    }
+    attrs = reader.schema.attrs  # what a gae run recorded in the source (None where it recorded nothing)
+    gae = {"gamma": attrs.get("gae_gamma"), "lambda": attrs.get("gae_lambda")}
+    gae |= {name: attrs.get(name) for name in ("advantages_normalized", "timeouts_bootstrapped")}
     options_record = {key: value for key, value in asdict(options).items() if key != "mode"}
     return ExportJob(
         mode=options.mode,
@@ -237,18 +218,21 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
 def run_batch(
     src: Path,
     dst: Path,
-    options: BatchOptions,
+    options: BatchOptions | HistoryOptions,
     run: RunOptions,
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Write the shard folder ``dst`` from the rollout file ``src``; return a summary dict.
+    """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows).
 
     Raises:
-        RolloutError: bad options, ``num_mini_batches`` too large or ``--max-memory`` below twice a chunk
-            (exit 2), missing ``advantages``/``returns`` in an RL mode or ``privileged_actions``
-            for distillation (exit 1), I/O faults (exit 3).
+        RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
+            a chunk (exit 2), missing fields (exit 1), I/O faults (exit 3).
     """
-    _check_options(options)
-    return run_export(src, dst, partial(_job, options=options), run, overwrite=overwrite, progress=progress)
+    if isinstance(options, HistoryOptions):
+        prepare = partial(history_job, options=options, budget=run.max_memory)
+    else:
+        _check_options(options)
+        prepare = partial(_job, options=options)
+    return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress)

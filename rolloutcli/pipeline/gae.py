@@ -1,15 +1,9 @@
 """``rolloutcli gae``: advantages and returns for a rollout file, streamed in env blocks.
 
-The input is opened and validated first; then its bytes are copied to the temporary output (every dataset gae
-does not touch is carried over as stored) and the copy gets ``advantages``, ``returns`` and, when this run
-bootstraps time-outs, the bootstrapped ``rewards`` (the recorded ones kept as ``rewards_raw``).
-
-GAE is independent per env, so the file is processed in env blocks sized by ``--max-memory`` with the CPU
-kernel of :mod:`rolloutcli.core.gae_numpy` (RSL-RL's float32 loop, bit for bit; torch is never imported).
-Advantages are ``returns - values``, as RSL-RL stores them. When normalising, the exactly rounded mean and
-unbiased std of all advantages (:class:`rolloutcli.core.moments.ExactMoments`) give
-``(A - mean) / (std + 1e-8)`` in float32, so the bytes never depend on ``--max-memory``, threads or the install.
-Before publishing, the input must be the file it was at the start (device, inode, size, modification time).
+The input's bytes are copied to the temporary output, which gets ``advantages``, ``returns`` and, when this
+run bootstraps time-outs, the bootstrapped ``rewards`` (the recorded ones kept as ``rewards_raw``). GAE runs
+per env block with RSL-RL's float32 loop (:mod:`rolloutcli.core.gae_numpy`); normalising uses the exactly
+rounded moments of all advantages, so the bytes never depend on ``--max-memory``, threads or the install.
 """
 
 from __future__ import annotations
@@ -31,21 +25,15 @@ from rolloutcli.hdf5.limits import check_regular_file
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.safety import HDF5_ERRORS, translate_write_error
 from rolloutcli.pipeline.options import RunOptions
-from rolloutcli.pipeline.progress import NoProgress, Progress
+from rolloutcli.pipeline.progress import Progress
 
 WRITTEN = ("advantages", "returns")
 
 
 @dataclass(frozen=True)
 class GaeOptions:
-    """What ``gae`` computes.
-
-    Attributes:
-        gamma, lam: discount and GAE lambda.
-        normalize: normalise advantages over the whole rollout (returns are never normalised).
-        bootstrap_timeouts: apply ``r_t += gamma * V(s_t) * time_out_t``; None = when ``time_outs`` exists.
-        last_values: ``"recorded"`` (require the dataset) or ``"zero"`` (treat the rollout end as terminal).
-    """
+    """What ``gae`` computes; ``bootstrap_timeouts`` None: when ``time_outs`` exists; ``last_values``
+    ``"recorded"`` (require the dataset) or ``"zero"`` (the rollout end is terminal)."""
 
     gamma: float = 0.99
     lam: float = 0.95
@@ -56,14 +44,9 @@ class GaeOptions:
 
 @dataclass(frozen=True)
 class _Rewards:
-    """Where this run's rewards come from and what it does with them.
-
-    Attributes:
-        bootstrap: this run bootstraps time-outs (and writes ``rewards``).
-        already: the input's ``rewards`` hold a bootstrap with this gamma; used as they are.
-        raw: dataset of the copy holding the raw rewards, when they are read from the copy
-            (``rewards_raw`` of an earlier gae run with another gamma), else None: the input's ``rewards``.
-    """
+    """Where this run's rewards come from: ``bootstrap``: this run bootstraps time-outs; ``already``: the
+    input's rewards hold a bootstrap with this gamma; ``raw``: the copy's dataset of raw rewards (an earlier
+    run with another gamma), None: the input's ``rewards``."""
 
     bootstrap: bool
     already: bool
@@ -81,9 +64,8 @@ def run_gae(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Write ``dst`` (or replace ``src`` when ``in_place``) = ``src`` + advantages, returns, attributes."""
-    progress = progress or NoProgress()
+    progress = progress or Progress()
     started = time.perf_counter()
-    _check_options(options)
     src = Path(src)
     if in_place:
         dst = Path(os.path.realpath(src))  # replace the file itself, not a symlink to it
@@ -134,18 +116,6 @@ def _identity(path: Path) -> tuple[int, int, int, int]:
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
-def _check_options(options: GaeOptions) -> None:
-    if not 0.0 <= options.gamma <= 1.0 or not 0.0 <= options.lam <= 1.0:
-        raise RolloutError(
-            f"--gamma/--lam: expected values in [0, 1], found gamma={options.gamma}, lam={options.lam}.",
-            exit_code=EXIT_USAGE,
-        )
-    if options.last_values not in ("recorded", "zero"):
-        raise RolloutError(
-            f"--last-values: expected 'recorded' or 'zero', found '{options.last_values}'.", exit_code=EXIT_USAGE
-        )
-
-
 def _compute(
     src: Path, tmp: Path, options: GaeOptions, run: RunOptions, progress: Progress
 ) -> tuple[dict[str, Any], _Rewards]:
@@ -181,7 +151,7 @@ def _check_fields(reader: RolloutReader, options: GaeOptions) -> None:
     ]
     problems = [problem_line(reader.path, name, what, "nothing", fix) for name, bad, what, fix in missing if bad]
     if problems:
-        raise RolloutError.many(reader.path, problems, exit_code=EXIT_BAD_DATA)
+        raise RolloutError.many(reader.path, problems)
 
 
 def _flag_attribute(path: Path, attrs: dict[str, Any], name: str) -> bool:
@@ -307,11 +277,7 @@ def _write(
 
 
 def _normalize(
-    out: OpenCopy,
-    blocks: list[tuple[int, int]],
-    kept: np.ndarray | None,
-    raw: ExactMoments,
-    progress: Progress,
+    out: OpenCopy, blocks: list[tuple[int, int]], kept: np.ndarray | None, raw: ExactMoments, progress: Progress
 ) -> ExactMoments:
     """Rewrite the advantages normalised with the exact statistics; return the moments of the result.
 
@@ -328,9 +294,7 @@ def _normalize(
     return moments
 
 
-def _set_attributes(
-    out: OpenCopy, rewards: _Rewards, options: GaeOptions, raw: ExactMoments
-) -> None:
+def _set_attributes(out: OpenCopy, rewards: _Rewards, options: GaeOptions, raw: ExactMoments) -> None:
     normalized = options.normalize  # an earlier run's statistics are removed when this one does not normalise
     out.set_attrs(
         {

@@ -1,36 +1,23 @@
 """``rolloutcli batch --history K``: shards of fixed-length history windows ``[B, K, ...]`` and a manifest.
 
-The windows are those a ``CircularBuffer(K, N)`` filled with the rollout step by step would hold (see
-:mod:`rolloutcli.core.history`): by default the env's buffer is reset after each done, so a window never
-spans an episode end; ``across_episodes`` never resets (AMP's replay buffers). Only windows whose K steps
-were all recorded are exported (no padding). Epoch e shuffles every eligible window with the e-th
-``torch.randperm(W)`` of ``torch.Generator().manual_seed(seed)`` and cuts it into M mini-batches whose sizes
-differ by at most one (:func:`~rolloutcli.core.history.history_plan`).
-
-A shard holds ``observations/<group> [B, K, ...]`` (the chosen groups), ``window_dones [B, K]`` (uint8),
-``window_env [B]`` and ``window_end [B]`` (int64: the env and the step ``t`` of each window's newest entry).
-
-A window is an item of the export engine (:func:`~rolloutcli.pipeline.shard_export.run_export`) named by its
-newest step's row ``t * N + n``; a block of steps ``t0:t1`` is read with the ``K - 1`` steps before it, from
-which its windows are gathered by :func:`~rolloutcli.core.history.gather_windows`.
+The windows are those a ``CircularBuffer(K, N)`` filled step by step would hold (:mod:`rolloutcli.core.history`):
+reset after each done unless ``across_episodes`` (AMP); only windows whose K steps were all recorded. A window
+is an export item named by its newest step's row ``t * N + n``; a block of steps ``t0:t1`` is read with the
+``K - 1`` steps before it.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from rolloutcli.core.history import gather_windows, history_plan, window_ends, window_mask
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
-from rolloutcli.pipeline.options import RunOptions
-from rolloutcli.pipeline.progress import Progress
-from rolloutcli.pipeline.shard_export import Block, ExportJob, Field, Rows, check_export_options, run_export, usage
+from rolloutcli.pipeline.shard_export import Block, ExportJob, Field, Rows, export_fields, usage
 
 ORDER_TEXT = (
     "epoch e: the e-th torch.randperm(W) drawn from torch.Generator().manual_seed(seed), applied to the W "
@@ -49,16 +36,8 @@ EPISODES_TEXT = {
 
 @dataclass(frozen=True)
 class HistoryOptions:
-    """What ``batch --history`` exports.
-
-    Attributes:
-        history: K, steps per window (>= 1, <= T).
-        num_mini_batches: M, shards per epoch (<= the eligible windows W).
-        epochs: E, each with a fresh order (a file per mini-batch and epoch).
-        seed: seeds the ``torch.Generator`` the orders are drawn from.
-        across_episodes: never reset the buffers at dones (windows may straddle episode ends).
-        groups: observation groups to export (None: all, in the file's order).
-        compression: None (default, fastest), ``lzf`` or ``gzip``.
+    """What ``batch --history`` exports: windows of ``history`` K steps, ``num_mini_batches`` M shards per
+    epoch, a fresh order each epoch; ``groups``: observation groups to export (None: all, in the file's order).
     """
 
     history: int
@@ -68,14 +47,6 @@ class HistoryOptions:
     across_episodes: bool = False
     groups: tuple[str, ...] | None = None
     compression: str | None = None
-
-
-def _check_options(options: HistoryOptions) -> None:
-    if options.history < 1:
-        raise usage(f"--history: expected an integer >= 1 (steps per window), found {options.history}.")
-    check_export_options(options.num_mini_batches, options.epochs, options.compression)
-    if options.groups is not None and not options.groups:
-        raise usage("--observations: expected one or more observation groups (policy,critic), found none.")
 
 
 def _groups(reader: RolloutReader, options: HistoryOptions) -> list[str]:
@@ -92,23 +63,9 @@ def _groups(reader: RolloutReader, options: HistoryOptions) -> list[str]:
     return list(dict.fromkeys(options.groups))
 
 
-def _fields(reader: RolloutReader, groups: list[str], history: int) -> list[Field]:
-    """The chosen groups and ``dones`` as window fields (rows ``[K, *entry_shape]``), from the metadata."""
-    schema = reader.schema
-    pairs = [(schema.observation_keys[g], f"observations/{g}") for g in groups] + [("dones", "window_dones")]
-    out = []
-    for source, name in pairs:
-        dtype, shape = reader.normalized(source, 0, 1)  # what reading env 0 would return (dones: uint8 0/1)
-        torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
-        out.append(Field(source, name, schema.fields[source].role, torch_dtype, (history, *shape[2:])))
-    return out
-
-
 def _eligible(reader: RolloutReader, options: HistoryOptions, budget: int) -> torch.Tensor:
-    """``[T, N]`` bool window mask (:func:`~rolloutcli.core.history.window_mask`), from env blocks of dones.
-
-    A block's stored dones take a 32nd of ``budget``: the mask's temporaries take up to ~19 bytes per step.
-    """
+    """``[T, N]`` bool window mask from env blocks of dones (a 32nd of ``budget``: the mask's temporaries
+    take up to ~19 bytes per step)."""
     mask = torch.empty((reader.T, reader.N), dtype=torch.bool)
     for start, stop in reader.blocks(["dones"], budget=max(budget // 32, 1)):
         dones = reader.tensor("dones", start, stop)
@@ -139,7 +96,7 @@ def _shard_tensors(plan: Any, pass_index: int, shard: int, rows: Rows, N: int) -
     return {**rows, "window_env": torch.remainder(ends, N), "window_end": torch.div(ends, N, rounding_mode="floor")}
 
 
-def _manifest(options: HistoryOptions, groups: list[str], windows: int) -> dict[str, Any]:
+def _manifest(options: HistoryOptions, groups: list[str], counts: dict[str, Any]) -> dict[str, Any]:
     """The mode's manifest entries (between ``source`` and ``fields``)."""
     return {
         "options": {
@@ -157,22 +114,20 @@ def _manifest(options: HistoryOptions, groups: list[str], windows: int) -> dict[
         "padding": "none",
         "window": WINDOW_TEXT.format(episodes=EPISODES_TEXT[options.across_episodes]),
         "groups": groups,
-        "windows_per_epoch": windows,
-        "rows_per_epoch": windows,
-        "dropped_rows": 0,
-        "dropped_envs": [],
+        **counts,
         "observation_keys": groups,
         "distribution_order": [],
     }
 
 
-def _job(reader: RolloutReader, options: HistoryOptions, budget: int) -> ExportJob:
+def history_job(reader: RolloutReader, options: HistoryOptions, budget: int) -> ExportJob:
     """``batch --history``'s export job: the eligible windows, shuffled per epoch."""
     T, N, K = reader.T, reader.N, options.history
     if K > T:
         raise usage(f"--history: expected at most {T} (the file's steps T), found {K}.")
     groups = _groups(reader, options)
-    fields = _fields(reader, groups, K)
+    pairs = [(reader.schema.observation_keys[g], f"observations/{g}") for g in groups] + [("dones", "window_dones")]
+    fields = export_fields(reader, pairs, window=K)
     ends = window_ends(_eligible(reader, options, budget))
     windows = ends.numel()
     if windows == 0:
@@ -198,7 +153,7 @@ def _job(reader: RolloutReader, options: HistoryOptions, budget: int) -> ExportJ
         env_major=True,
         attrs={"history": K, "across_episodes": options.across_episodes},
         compression=options.compression,
-        manifest=_manifest(options, groups, windows),
+        manifest=_manifest(options, groups, counts),
         summary={
             **{key: value for key, value in asdict(options).items() if key != "groups"},
             "groups": groups,
@@ -207,23 +162,3 @@ def _job(reader: RolloutReader, options: HistoryOptions, budget: int) -> ExportJ
         },
         label="batch --history",
     )
-
-
-def run_history(
-    src: Path,
-    dst: Path,
-    options: HistoryOptions,
-    run: RunOptions,
-    *,
-    overwrite: bool = False,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Write the history shard folder ``dst`` from the rollout file ``src``; return a summary dict.
-
-    Raises:
-        RolloutError: bad options, K > T, an unknown group, no eligible window, more mini-batches than
-            windows or ``--max-memory`` below twice a chunk (exit 2); I/O faults (exit 3).
-    """
-    _check_options(options)
-    prepare = partial(_job, options=options, budget=run.max_memory)
-    return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress)

@@ -15,7 +15,7 @@ from rolloutcli.errors import RolloutError
 from rolloutcli.fields import by_flag
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.options import RunOptions
-from rolloutcli.pipeline.progress import NoProgress, Progress
+from rolloutcli.pipeline.progress import Progress
 
 BLOWUP_WARNING = 10.0  # padded size / input size above which split warns
 GAE_ATTRS = ("gae_gamma", "gae_lambda", "advantages_normalized", "timeouts_bootstrapped", "last_values_mode")
@@ -46,7 +46,7 @@ def hidden_layout(reader: RolloutReader) -> dict[str, dict[str, Any]]:
 
 def run_inspect(path: Path, options: RunOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Summarise ``path``; structural problems raise ``RolloutError``, value problems become warnings."""
-    progress = progress or NoProgress()
+    progress = progress or Progress()
     with RolloutReader(path, options.safety, check=False, budget=options.max_memory) as reader:
         schema = reader.schema
         warnings: list[str] = []
@@ -59,7 +59,6 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
         blowup = padded_bytes / max(input_bytes, 1)
         gae = {k: schema.attrs[k] for k in GAE_ATTRS if k in schema.attrs}
         warnings.extend(_warnings(reader, blowup, gae))
-        per_env = episodes.per_env
         return {
             "file": str(path),
             "size_bytes": os.path.getsize(path),
@@ -80,21 +79,7 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
             ],
             "observations": dict(schema.observation_keys),
             "extras": schema.names("extra"),
-            "episodes": {
-                "completed": episodes.completed,
-                "terminations": episodes.terminations,
-                "time_outs": episodes.time_outs,
-                "started_before_recording": episodes.first_completed,
-                "unfinished": episodes.unfinished,
-                "lengths": episodes.length_summary(),
-                "histogram": episodes.histogram(),
-                "per_env": {
-                    "min": min(per_env),
-                    "mean": sum(per_env) / len(per_env),
-                    "max": max(per_env),
-                    "counts": per_env,
-                },
-            },
+            "episodes": _episodes_report(episodes),
             **{name: moments[name].as_dict() if name in moments else None for name in MOMENT_FIELDS},
             "hidden_states": hidden_layout(reader),
             "gae": gae or None,
@@ -107,6 +92,20 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
             "attrs": schema.attrs,
             "warnings": warnings,
         }
+
+
+def _episodes_report(episodes: EpisodeStats) -> dict[str, Any]:
+    per_env = episodes.per_env
+    return {
+        "completed": episodes.completed,
+        "terminations": episodes.terminations,
+        "time_outs": episodes.time_outs,
+        "started_before_recording": episodes.first_completed,
+        "unfinished": episodes.unfinished,
+        "lengths": episodes.length_summary(),
+        "histogram": episodes.histogram(),
+        "per_env": {"min": min(per_env), "mean": sum(per_env) / len(per_env), "max": max(per_env), "counts": per_env},
+    }
 
 
 def _scan(reader: RolloutReader, progress: Progress) -> tuple[EpisodeStats, dict[str, Moments]]:

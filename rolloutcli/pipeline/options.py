@@ -31,10 +31,7 @@ def parse_size(text: str) -> int:
 
 def resolve_device(name: str) -> str:
     """``auto`` -> ``"cuda"`` when available, else ``"cpu"``; ``cpu``; ``cuda`` / ``cuda:i`` (must exist).
-
-    Returns the device as a string, which every torch function accepts; torch is imported only for a name
-    other than ``cpu``.
-    """
+    Torch is imported only for a name other than ``cpu``."""
     name = name.strip().lower()
     if name == "cpu":
         return "cpu"

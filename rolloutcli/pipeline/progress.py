@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol
 
-
-class Progress(Protocol):
-    """Receives progress events; the CLI renders them as rich bars on stderr."""
-
-    def start(self, description: str, total: int) -> None: ...
-
-    def advance(self, amount: int = 1) -> None: ...
-
-    def finish(self) -> None: ...
-
-    def warn(self, message: str) -> None: ...
-
-
-class NoProgress:
-    """A ``Progress`` that ignores every event (library use, ``--quiet``)."""
+class Progress:
+    """Receives progress events and ignores them (library use); the CLI's ``RichProgress`` draws bars."""
 
     def start(self, description: str, total: int) -> None:
         pass

@@ -1,24 +1,18 @@
-"""The scatter: send items whose position in a pass is known to their shard and slot.
+"""The scatter: stream a pass's source blocks and send each item to its shard and slot.
 
-A shuffle that crosses the whole file (feed-forward rows, history windows) cannot be gathered shard by shard
-from a file larger than memory. Instead the source is streamed once per pass in blocks, and every item of a
-block is *scattered*: the plan gives each item its position ``p`` in the pass (``-1``: in no shard); ``p``
-lies in shard ``s`` with ``offsets[s] <= p < offsets[s + 1]``, at slot ``p - offsets[s]``.
-:meth:`ShardScatter.add` sorts a block's positions and cuts them into one piece per shard. A shard whose
-items all lie in the block is gathered straight into a lent buffer and completed (the in-memory case: one
-block holds everything); other pieces wait in memory, or in the shard's spill file ``.spill-<s>`` (in the
-output's temporary folder) once the pending pieces exceed the budget. A shard is assembled (``index_copy_``
-at its slots) and handed to ``complete`` as soon as its last item arrived.
-
-The result does not depend on the budget or on the blocks: every shard holds exactly its items, in slot order.
-:class:`Emitter` lends the buffers shards are assembled in and hands complete shards to the writer.
+The plan gives each item its position ``p`` in the pass (``-1``: in no shard); shard ``s`` holds positions
+``offsets[s] <= p < offsets[s + 1]`` at slot ``p - offsets[s]``. Pieces of shards that span blocks wait in
+memory, or in a spill file per shard once they exceed the budget. Every shard holds exactly its items, in
+slot order, whatever the budget or the blocks.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -31,20 +25,28 @@ Rows = dict[str, torch.Tensor]
 Take = Callable[[torch.Tensor, "Rows | None"], Rows]  # (item indices in the block, buffers or None) -> rows
 
 
-class RowField(Protocol):
-    """What the scatter needs to know of a field: its name and the dtype and shape of one row."""
+@dataclass(frozen=True)
+class Field:
+    """A source dataset and the row it contributes to shards.
+
+    ``role`` is the source field's (schema); ``dtype`` as ``RolloutReader.tensor`` returns it; ``row_shape``
+    as the export moves a row (``[layers, H]`` for hidden states, ``[K, *entry_shape]`` for a window).
+    """
+
+    source: str
+    name: str
+    role: str
+    dtype: torch.dtype
+    row_shape: tuple[int, ...]
 
     @property
-    def name(self) -> str: ...
+    def hidden(self) -> bool:
+        """``[T, layers, N, H]`` in the source; rows ``[layers, H]``."""
+        return self.role == "hidden"
 
     @property
-    def dtype(self) -> torch.dtype: ...
-
-    @property
-    def row_shape(self) -> tuple[int, ...]: ...
-
-    @property
-    def row_bytes(self) -> int: ...
+    def row_bytes(self) -> int:
+        return self.dtype.itemsize * math.prod(self.row_shape)
 
 
 def aligned(nbytes: int) -> int:
@@ -59,7 +61,7 @@ class Spill:
     8 bytes. Only the chunk sizes stay in memory.
     """
 
-    def __init__(self, folder: Path, fields: Sequence[RowField], budget: int) -> None:
+    def __init__(self, folder: Path, fields: Sequence[Field], budget: int) -> None:
         self.folder, self.fields, self.budget = folder, list(fields), budget
         self.pending: dict[int, list[tuple[torch.Tensor, Rows]]] = {}
         self.chunks: dict[int, list[int]] = {}
@@ -114,8 +116,7 @@ class Spill:
         return pieces
 
     def assemble(self, shard: int, out: Rows) -> Rows:
-        """The shard's rows in slot order, in ``out`` (``[size, ...]`` per field); its spill file is read and
-        deleted."""
+        """The shard's rows in slot order, in ``out``; its spill file is read and deleted."""
         pieces = self.pending.pop(shard, [])
         self.pending_bytes -= sum(slots.numel() for slots, _ in pieces) * self.row_bytes
         chunks = self.chunks.pop(shard, [])
@@ -129,23 +130,15 @@ class Spill:
 class ShardScatter:
     """One pass of the scatter: items arrive in any order, shards leave complete, in slot order.
 
-    Args:
-        folder: where spill files go (the output's temporary folder).
-        fields: the fields every item carries (``rows[f.name]`` is ``[k, *f.row_shape]`` of ``f.dtype``).
-        sizes: items of each shard of the pass; shard ``s`` takes positions ``offsets[s] .. offsets[s + 1] - 1``.
-        budget: bytes of pending pieces kept in memory before they are spilled; pieces are gathered in chunks
-            of at most an eighth of it.
-        buffers: ``buffers(size)`` lends ``{name: [size, *row_shape]}`` tensors to assemble a shard into.
-        complete: ``complete(shard, rows)`` receives each shard once all its items arrived (``rows`` is a
-            lent buffer: use it before asking for the next one).
-
-    :meth:`finish` checks that every planned item arrived exactly once.
+    ``budget``: bytes of pending pieces kept in memory before they are spilled (to files in ``folder``).
+    ``buffers(size)`` lends ``{name: [size, *row_shape]}`` tensors to assemble a shard into;
+    ``complete(shard, rows)`` receives each shard once all its items arrived (use ``rows`` before the next).
     """
 
     def __init__(
         self,
         folder: Path,
-        fields: Sequence[RowField],
+        fields: Sequence[Field],
         sizes: Sequence[int],
         budget: int,
         *,
@@ -163,11 +156,9 @@ class ShardScatter:
         self.buffers, self.complete = buffers, complete
 
     def add(self, positions: torch.Tensor | None, take: Take, *, order: torch.Tensor | None = None) -> None:
-        """Route a block's items to their shards: item ``i`` of the block goes to ``positions[i]`` (``-1``:
-        in no shard). ``take(index, out)`` gathers the items ``index`` of the block (into ``out`` when given).
+        """Route item ``i`` of a block to ``positions[i]``; ``take(index, out)`` gathers items of the block.
 
-        ``order`` instead of ``positions``: the block holds every item of the pass, item ``order[p]`` at
-        position ``p`` (no sort needed).
+        ``order`` instead of ``positions``: the block holds every item of the pass, item ``order[p]`` at ``p``.
         """
         if order is None:
             assert positions is not None
@@ -198,25 +189,16 @@ class ShardScatter:
 
 
 class Emitter:
-    """Hands shards to the writer under their file names (named after the first epoch that uses them), and
-    lends the reused buffer sets that shards are gathered into.
-
-    Args:
-        plan: every epoch's mini-batches.
-        writer: where shards go.
-        fields: the gathered fields (buffers are ``[rows, *row_shape]`` per field).
-        progress: advanced once per shard.
-        shard_tensors: ``shard_tensors(pass_index, shard, rows)`` shapes one shard's gathered rows
-            ``{name: [rows, *row_shape]}`` into the datasets of its file.
-        buffer_sets: 2 (the writer writes one set while the next shard is gathered into the other) or 1
-            (streamed exports: the shard in flight is waited for first, to keep memory down).
+    """Hands shards to the writer (files named after the first epoch that uses them) and lends the reused
+    buffer sets shards are gathered into: 2 (one written while the next is gathered) or 1 (streamed
+    exports: the shard in flight is waited for first, to keep memory down).
     """
 
     def __init__(
         self,
         plan: BatchPlan,
         writer: ShardWriter,
-        fields: Sequence[RowField],
+        fields: Sequence[Field],
         progress: Progress,
         shard_tensors: Callable[[int, int, Rows], Mapping[str, torch.Tensor]],
         *,
@@ -234,10 +216,7 @@ class Emitter:
         return f"e{self.plan.epoch_pass.index(pass_index):04d}-b{shard:05d}.h5"
 
     def buffers(self, size: int) -> Rows:
-        """``[size, *row_shape]`` views of the buffer set the next shard may use.
-
-        Reused memory is warm; a fresh allocation per shard costs page faults that take longer than the copy.
-        """
+        """``[size, *row_shape]`` views of the buffer set the next shard may use (reused: warm memory)."""
         if not self._buffers:
             self._buffers = [
                 {f.name: torch.empty(self.largest, *f.row_shape, dtype=f.dtype) for f in self.fields}

@@ -1,21 +1,10 @@
 """The one shard export engine (``batch`` in every mode: feed-forward, recurrent, distillation, history).
 
-A mode is an :class:`ExportJob`: the fields it reads, its :class:`~rolloutcli.core.batching.BatchPlan` (the
-items of each shard in slot order; an item is named by a source row ``t * N + n``: a step for the per-step
-modes, the newest step of a window for history), how a block read from the source becomes items (``read``,
-``take``), how a shard's gathered items become its datasets (``shard_tensors``), and the mode's part of the
-manifest and summary. Adding a mode is one function that builds an ``ExportJob``.
-
-:func:`run_export` streams the source in blocks and scatters every block's items to their shards
-(:mod:`rolloutcli.pipeline.scatter`); a source that fits in half of ``--max-memory`` is one block (read once
-for every epoch, each shard gathered straight into a reused buffer). Blocks are rectangles of steps x envs
-(:func:`plan_blocks`), so one env longer than the budget streams along T too.
-
-* :class:`Field`: a source dataset and the row it contributes to a shard (dtype, per-row shape).
-* :class:`~rolloutcli.pipeline.scatter.Emitter`: lends the reused buffers shards are gathered into, hands
-  shards to the :class:`~rolloutcli.hdf5.shards.ShardWriter`; lists the manifest's entries.
-* :func:`shard_folder`: one torch thread, the source's content hash computed beside the export, the temporary
-  folder published atomically (:func:`~rolloutcli.hdf5.atomic.atomic_folder`), the writer, the manifest last.
+A mode is an :class:`ExportJob`: the fields it reads, its plan (the items of each shard in slot order, an
+item named by a source row ``t * N + n``), how a block read from the source becomes items, how a shard's
+items become its datasets, and its part of the manifest and summary. :func:`run_export` streams the source
+in blocks of steps x envs and scatters every block's items to their shards; a source that fits in half of
+``--max-memory`` is read once for every epoch.
 """
 
 from __future__ import annotations
@@ -23,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import xxhash
 
@@ -39,7 +29,6 @@ from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import (
-    COMPRESSIONS,
     FORMAT_VERSION,
     MANIFEST_FORMAT,
     SHARD_FORMAT,
@@ -49,55 +38,14 @@ from rolloutcli.hdf5.shards import (
     write_manifest,
 )
 from rolloutcli.pipeline.options import RunOptions
-from rolloutcli.pipeline.progress import NoProgress, Progress
-from rolloutcli.pipeline.scatter import Emitter, ShardScatter
+from rolloutcli.pipeline.progress import Progress
+from rolloutcli.pipeline.scatter import Emitter, Field, Rows, ShardScatter
 
-Rows = dict[str, torch.Tensor]
 Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
 
 
-@dataclass(frozen=True)
-class Field:
-    """A source dataset and the row it contributes to shards.
-
-    Attributes:
-        source: HDF5 path in the rollout file.
-        name: dataset path in the shards.
-        role: the source field's role (schema).
-        dtype: as ``RolloutReader.tensor`` returns it (normalised).
-        row_shape: the shape of one row as the export moves it (``[layers, H]`` for hidden states,
-            ``[K, *entry_shape]`` for a history window).
-    """
-
-    source: str
-    name: str
-    role: str
-    dtype: torch.dtype
-    row_shape: tuple[int, ...]
-
-    @property
-    def hidden(self) -> bool:
-        """``[T, layers, N, H]`` in the source; rows ``[layers, H]``."""
-        return self.role == "hidden"
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one row of this field."""
-        count = self.dtype.itemsize
-        for size in self.row_shape:
-            count *= size
-        return count
-
-
-SOURCE_HASH = "xxh3_128"  # the manifest's name for the source's content hash
-
-
 def _hash_file(path: Path, stop: threading.Event) -> str:
-    """The source's content hash (XXH3, 128 bits), in a thread beside the export (xxhash releases the GIL).
-
-    XXH3 rather than sha256: it identifies the file (``xxh128sum FILE`` prints the same digest) at a fraction
-    of sha256's cost, which the export would otherwise wait for; shard checksums stay sha256.
-    """
+    """The source's XXH3-128 (``xxh128sum FILE``), hashed beside the export: sha256 would make it wait."""
     digest = xxhash.xxh3_128()
     try:
         with open(path, "rb") as handle:
@@ -109,21 +57,12 @@ def _hash_file(path: Path, stop: threading.Event) -> str:
     return digest.hexdigest()
 
 
-@dataclass(frozen=True)
-class ShardFolder:
-    """An export's output while it is written: the temporary folder, its writer, the source's hash to come."""
-
-    tmp: Path
-    writer: ShardWriter
-    source_hash: Future[str]
-
-
 @contextmanager
-def shard_folder(src: Path, dst: Path, attrs: dict[str, Any], job: ExportJob, overwrite: bool) -> Iterator[ShardFolder]:
-    """The life of one shard folder: torch on one thread (the gathers are a small part of the work, and idle
-    OpenMP workers spinning would compete with the hashing and writing threads), ``src`` hashed in a thread,
-    shards written into a temporary folder beside ``dst``, renamed into place when the block ends normally
-    (write the manifest last, inside it); removed when it ends by an exception (no ``dst`` appears)."""
+def shard_folder(src: Path, dst: Path, job: ExportJob, overwrite: bool) -> Iterator[tuple[Path, ShardWriter, Future]]:
+    """The temporary folder beside ``dst``, its writer and the source's hash to come; published when the block
+    ends normally (write the manifest last, inside it). Torch runs on one thread: idle OpenMP workers
+    spinning would compete with the hashing and writing threads."""
+    attrs = {"rolloutcli_format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode, **job.attrs}
     threads, stop = torch.get_num_threads(), threading.Event()
     torch.set_num_threads(1)
     try:
@@ -134,59 +73,51 @@ def shard_folder(src: Path, dst: Path, attrs: dict[str, Any], job: ExportJob, ov
                     atomic_folder(dst, inputs=[src], overwrite=overwrite, owned=is_shard_folder) as tmp,
                     ShardWriter(tmp, attrs, job.group_attrs, compression=job.compression, label=dst) as writer,
                 ):
-                    yield ShardFolder(tmp, writer, digest)
+                    yield tmp, writer, digest
             finally:
                 stop.set()
     finally:
         torch.set_num_threads(threads)
 
 
-def source_record(reader: RolloutReader, content_hash: str) -> dict[str, Any]:
-    """The manifest's ``source``: ``{path, size_bytes, xxh3_128, T, N}`` of the rollout file."""
-    return {
+def export_fields(reader: RolloutReader, pairs: list[tuple[str, str]], window: int | None = None) -> list[Field]:
+    """``(source, name)`` pairs as fields, from the metadata: the dtype and row shape reading them gives
+    (normalised; hidden states: rows ``[layers, H]``; with ``window`` K: rows ``[K, *entry_shape]``)."""
+    out = []
+    for source, name in pairs:
+        dtype, shape = reader.normalized(source, 0, 1)  # what reading env 0 would return (dones: uint8 0/1)
+        role = reader.schema.fields[source].role
+        row_shape = (shape[1], shape[3]) if role == "hidden" else tuple(shape[2:])
+        if window is not None:
+            row_shape = (window, *row_shape)
+        out.append(Field(source, name, role, torch.from_numpy(np.empty(0, dtype)).dtype, row_shape))
+    return out
+
+
+def _manifest(reader: RolloutReader, job: ExportJob, source_hash: str, shards: list[Any]) -> dict[str, Any]:
+    """The manifest: the source file (with its XXH3-128), the mode's entries, each field's row, the shards."""
+    source = {
         "path": os.path.abspath(reader.path),
         "size_bytes": os.stat(reader.path).st_size,
-        SOURCE_HASH: content_hash,
+        "xxh3_128": source_hash,
         "T": reader.T,
         "N": reader.N,
     }
-
-
-def gae_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
-    """What a ``gae`` run recorded in the source (None where it recorded nothing)."""
-    names = {
-        "gamma": "gae_gamma",
-        "lambda": "gae_lambda",
-        "advantages_normalized": "advantages_normalized",
-        "timeouts_bootstrapped": "timeouts_bootstrapped",
+    fields = {
+        f.name: {"dtype": str(f.dtype).removeprefix("torch."), "row_shape": list(f.row_shape)} for f in job.fields
     }
-    return {key: attrs.get(name) for key, name in names.items()}
-
-
-def field_records(fields: Iterable[Field]) -> dict[str, dict[str, Any]]:
-    """The manifest's ``fields``: each shard dataset's dtype and per-row shape."""
-    return {f.name: {"dtype": str(f.dtype).removeprefix("torch."), "row_shape": list(f.row_shape)} for f in fields}
+    head = {"format": MANIFEST_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode}
+    return {**head, "source": source, **job.manifest, "fields": fields, "shards": shards}
 
 
 @dataclass
 class ExportJob:
     """One mode of the export (see the module docstring).
 
-    Attributes:
-        mode: the manifest's and the shards' ``mode``.
-        fields: the gathered fields (``rows[f.name]`` is ``[items, *f.row_shape]``).
-        plan: every epoch's shards; a pass's ``rows`` name items by source row ``t * N + n``.
-        read: ``read(reader, field, block)`` reads a block of a field as ``take`` expects it.
-        take: ``take(block, data, index, out)`` gathers items ``index`` (``t * n + j`` within the block) of
-            the block's data ``{name: read(...)}`` into ``out`` (``{name: [len(index), *row_shape]}``) or new
-            tensors.
-        shard_tensors: ``shard_tensors(pass_index, shard, rows)``: a shard's datasets from its items.
-        read_bytes: bytes read per source row ``(t, n)`` over every field (sizes the blocks).
-        env_major: prefer env blocks (a shard's items lie in few envs, so shards complete as blocks pass).
-        attrs: the mode's root attributes of every shard (after ``rolloutcli_format``, ``format_version``, ``mode``).
-        manifest: the mode's manifest entries (after ``source``, before ``fields``).
-        summary: the mode's summary entries.
-        label: the progress bar's label.
+    ``take(block, data, index, out)`` gathers items ``index`` (``t * n + j`` within the block) of the block's
+    data ``{name: read(reader, field, block)}`` into ``out`` or new tensors. ``read_bytes``: bytes read per
+    source row over every field (sizes the blocks). ``env_major``: prefer env blocks (a shard's items lie in
+    few envs). ``manifest``: the mode's entries between ``source`` and ``fields``.
     """
 
     mode: str
@@ -210,16 +141,6 @@ def usage(message: str) -> RolloutError:
     return RolloutError(message, exit_code=EXIT_USAGE)
 
 
-def check_export_options(num_mini_batches: int, epochs: int, compression: str | None) -> None:
-    """The options every export mode shares (usage errors, before the source is opened)."""
-    if num_mini_batches < 1:
-        raise usage(f"--num-mini-batches: expected an integer >= 1, found {num_mini_batches}.")
-    if epochs < 1:
-        raise usage(f"--epochs: expected an integer >= 1, found {epochs}.")
-    if compression not in (None, *COMPRESSIONS):
-        raise usage(f"--compression: expected lzf or gzip, found '{compression}'.")
-
-
 def _size(nbytes: int) -> str:
     """``nbytes`` rounded up to whole K, M or G (as ``--max-memory`` takes them)."""
     for unit, shift in (("G", 30), ("M", 20)):
@@ -231,13 +152,8 @@ def _size(nbytes: int) -> str:
 def plan_blocks(reader: RolloutReader, job: ExportJob, budget: int) -> list[Block]:
     """The blocks to read: one when the source fits in half of ``budget``, else blocks of an eighth of it.
 
-    Step blocks over every env when no field is chunked by env (a time block of a ``[T, N, ...]`` dataset is
-    one contiguous region); env blocks for ``env_major`` modes and files chunked by env. An env longer than
-    a block is cut along T, in whole chunks where a chunk fits. A chunk larger than half the budget cannot be
-    read within it: refused before any data is read.
-
-    Raises:
-        RolloutError: (exit 2) the budget is below twice the largest chunk; the message names the budget needed.
+    Step blocks over every env when no field is chunked by env (one contiguous region); else env blocks,
+    an env longer than a block cut along T in whole chunks. A budget below twice a chunk is refused (exit 2).
     """
     T, N, row = reader.T, reader.N, max(job.read_bytes, 1)
     extents = [chunk_extents(reader, f.source) for f in job.fields]
@@ -301,11 +217,8 @@ def run_export(
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Write the shard folder ``dst`` from the rollout file ``src``; return a summary dict.
-
-    ``prepare(reader)`` checks the source against the mode's options and builds its :class:`ExportJob`.
-    """
-    progress = progress or NoProgress()
+    """Write the shard folder ``dst`` from ``src``; ``prepare(reader)`` checks the source, builds the job."""
+    progress = progress or Progress()
     started = time.perf_counter()
     src, dst = Path(src), Path(dst)
     with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
@@ -314,31 +227,27 @@ def run_export(
         streamed = reader.T * reader.N * job.read_bytes > run.max_memory // 2
         passes = job.plan.passes
         try:
-            attrs = {"rolloutcli_format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode, **job.attrs}
-            with shard_folder(src, dst, attrs, job, overwrite) as out:
+            with shard_folder(src, dst, job, overwrite) as (tmp, writer, source_hash):
                 emitter = Emitter(
-                    job.plan, out.writer, job.fields, progress, job.shard_tensors, buffer_sets=1 if streamed else 2
+                    job.plan, writer, job.fields, progress, job.shard_tensors, buffer_sets=1 if streamed else 2
                 )
                 progress.start(job.label, sum(len(p.sizes) for p in passes) + len(passes) * len(blocks))
-                _export_passes(reader, job, emitter, out.tmp, blocks, run.max_memory)
-                out.writer.wait()
+                _export_passes(reader, job, emitter, tmp, blocks, run.max_memory)
+                writer.wait()
                 entries = emitter.entries()  # every shard's hash is known now
-                head = {"format": MANIFEST_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode}
-                source = source_record(reader, out.source_hash.result())
-                fields = field_records(job.fields)
-                write_manifest(out.tmp, {**head, "source": source, **job.manifest, "fields": fields, "shards": entries})
+                write_manifest(tmp, _manifest(reader, job, source_hash.result(), entries))
         finally:
             progress.finish()
     seconds = time.perf_counter() - started
-    written = sum(size for size, _ in out.writer.results.values())
+    written = sum(size for size, _ in writer.results.values())
     return {
         "input": str(src),
         "output": str(dst),
         "mode": job.mode,
-        "T": source["T"],
-        "N": source["N"],
+        "T": reader.T,
+        "N": reader.N,
         **job.summary,
-        "files": len(out.writer.results),
+        "files": len(writer.results),
         "entries": len(entries),
         "bytes_written": written,
         "streamed": streamed,

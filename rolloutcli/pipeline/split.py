@@ -11,11 +11,8 @@ Split output layout (``rolloutcli_format = "trajectories"``):
 | ``rollout/hidden_states/<actor|critic>/<i>`` | ``[T, layers, N, H]`` | recorded states, verbatim (for unpad) |
 | any other dataset (``last_values``, extras) | as stored | copied verbatim |
 
-Every attribute (root, groups such as ``distribution@order``, datasets) is kept, with object references
-re-pointed into the output; dtypes keep their byte order and committed datatypes. ``--unpad`` restores all of
-it. Fields are moved as raw bytes (each row viewed as ``uint8``), so every dtype round-trips bit for bit.
-The plan of each env block is computed once from its dones and applied to every field; the padded
-buffers are allocated once (sized for the largest block) and cleared after each use.
+Every attribute is kept (object references re-pointed into the output) and ``--unpad`` restores all of it.
+Fields are moved as raw bytes (rows viewed as ``uint8``), so every dtype round-trips bit for bit.
 """
 
 from __future__ import annotations
@@ -40,26 +37,23 @@ from rolloutcli.core.trajectories import (
     trajectory_spans,
     unpad_with_spans,
 )
-from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError, problem_line
+from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import H5Input, RolloutReader
 from rolloutcli.hdf5.schema import FORMAT_NAME
 from rolloutcli.hdf5.writer import RolloutOutput
+from rolloutcli.pipeline.inspect import BLOWUP_WARNING
 from rolloutcli.pipeline.options import RunOptions
-from rolloutcli.pipeline.progress import NoProgress, Progress
+from rolloutcli.pipeline.progress import Progress
 
 SPLIT_FORMAT = "trajectories"
 SPAN_NAMES = ("trajectory_env", "trajectory_start", "trajectory_length")
 FULL_HIDDEN_PREFIX = "rollout/"
-BLOWUP_WARNING = 10.0
 
 
 @dataclass(frozen=True)
 class SplitOptions:
-    """``pad_to``: ``"rollout"`` (L = T, RSL-RL) or ``"longest"``; ``max_length``: cut trajectories at K steps.
-
-    With ``max_length`` K and ``pad_to="rollout"``, L = min(T, K): no segment is longer.
-    """
+    """``pad_to``: ``"rollout"`` (L = T, RSL-RL; min(T, K) with ``max_length`` K) or ``"longest"``."""
 
     pad_to: str = "rollout"
     max_length: int | None = None
@@ -119,14 +113,8 @@ def run_split(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Write the split-and-padded trajectories of ``src`` to ``dst`` (see the module docstring)."""
-    progress = progress or NoProgress()
+    progress = progress or Progress()
     started = time.perf_counter()
-    if options.pad_to not in ("rollout", "longest"):
-        raise RolloutError(f"--pad-to: expected rollout or longest, found '{options.pad_to}'.", exit_code=EXIT_USAGE)
-    if options.max_length is not None and options.max_length < 1:
-        raise RolloutError(
-            f"--max-length: expected a positive number of steps, found {options.max_length}.", exit_code=EXIT_USAGE
-        )
     check_output_path(dst, [src], overwrite=overwrite)  # before the input is read; atomic_file checks again
     with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
         schema = reader.schema
@@ -139,21 +127,19 @@ def run_split(
         if options.max_length is not None and options.pad_to == "rollout":
             L = min(T, options.max_length)
         row_bytes = {name: _row_bytes(reader, name) for name in fields}
+        per_row = sum(row_bytes.values())
         input_bytes = sum(schema.fields[name].nbytes for name in fields)
-        padded_bytes = sum(row_bytes.values()) * L * M + L * M  # + masks
+        padded_bytes = (per_row + 1) * L * M  # + masks
         blowup = padded_bytes / max(input_bytes, 1)
         if blowup > BLOWUP_WARNING:
             progress.warn(
                 f"{src}: padding multiplies the per-step data {blowup:.1f}x ({M} trajectories padded to "
                 f"{L} steps); use --pad-to longest or --max-length K to bound it."
             )
-        blocks = _plan_blocks(
-            counts, T, L, sum(row_bytes.values()), sum(row_bytes.values()) + 1, max(run.max_memory // 2, 1)
-        )
+        blocks = _plan_blocks(counts, T, L, per_row, per_row + 1, max(run.max_memory // 2, 1))
         with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp, RolloutOutput(tmp, dst, reader) as out:
             _write_split(reader, out, fields, row_bytes, counts, L, options, run, blocks, progress)
             _finish_split(reader, out, fields, options, progress)
-    summary_lengths = EpisodeStats(T, lengths).length_summary()
     return {
         "input": str(src),
         "output": str(dst),
@@ -164,7 +150,7 @@ def run_split(
         "pad_to": options.pad_to,
         "max_length": options.max_length,
         "fields": fields,
-        "trajectory_lengths": summary_lengths,
+        "trajectory_lengths": EpisodeStats(T, lengths).length_summary(),
         "input_bytes": input_bytes,
         "padded_bytes": padded_bytes,
         "padding_overhead": blowup,
@@ -258,7 +244,7 @@ def run_unpad(
     src: Path, dst: Path, run: RunOptions, *, overwrite: bool = False, progress: Progress | None = None
 ) -> dict[str, Any]:
     """Restore the ``[T, N, ...]`` rollout from a split file written by ``run_split`` (exact inverse)."""
-    progress = progress or NoProgress()
+    progress = progress or Progress()
     started = time.perf_counter()
     check_output_path(dst, [src], overwrite=overwrite)  # before the input is read; atomic_file checks again
     with H5Input(src, run.safety) as source:
@@ -280,15 +266,12 @@ def _split_layout(source: H5Input) -> dict[str, Any]:
     """Read and check the split file's layout; every problem at once."""
     path, attrs, datasets = source.path, source.attrs, source.datasets
     if attrs.get("rolloutcli_format") != SPLIT_FORMAT:
-        raise RolloutError(
-            problem_line(
-                path,
-                "/ (attribute rolloutcli_format)",
-                f"'{SPLIT_FORMAT}' (a file written by rolloutcli split)",
-                repr(attrs.get("rolloutcli_format")),
-                "--unpad reads the output of split.",
-            ),
-            exit_code=EXIT_BAD_DATA,
+        raise RolloutError.field(
+            path,
+            "/ (attribute rolloutcli_format)",
+            f"'{SPLIT_FORMAT}' (a file written by rolloutcli split)",
+            repr(attrs.get("rolloutcli_format")),
+            "--unpad reads the output of split.",
         )
     problems = []
     sizes = {key: _positive_int(attrs.get(key)) for key in ("source_T", "source_N")}
@@ -305,7 +288,7 @@ def _split_layout(source: H5Input) -> dict[str, Any]:
         if name not in datasets:
             problems.append(problem_line(path, name, "a dataset written by split", "nothing"))
     if problems:
-        raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
+        raise RolloutError.many(path, problems)
     T, N = int(sizes["source_T"] or 0), int(sizes["source_N"] or 0)
     masks_shape = datasets["masks"].shape
     L, M = (masks_shape[0], masks_shape[1]) if len(masks_shape) == 2 else (0, -1)
@@ -318,19 +301,15 @@ def _split_layout(source: H5Input) -> dict[str, Any]:
             text = "[M]" if name in SPAN_NAMES else "[L, M, ...]"
             problems.append(problem_line(path, name, f"shape {text} = {list(expected)}", f"shape {shape}"))
     if problems:
-        raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
+        raise RolloutError.many(path, problems)
     spans = TrajectorySpans(*(torch.from_numpy(source.slice(name).astype(np.int64)) for name in SPAN_NAMES))
     if not _spans_tile(spans, T, N):
-        problems.append(
-            problem_line(
-                path,
-                "trajectory_env/trajectory_start/trajectory_length",
-                f"env-major spans tiling every env's T = {T} steps (N = {N} envs)",
-                f"spans covering {int(spans.length.sum()) if M else 0} of {T * N} steps or overlapping",
-            )
+        raise RolloutError.field(
+            path,
+            "trajectory_env/trajectory_start/trajectory_length",
+            f"env-major spans tiling every env's T = {T} steps (N = {N} envs)",
+            f"spans covering {int(spans.length.sum()) if M else 0} of {T * N} steps or overlapping",
         )
-    if problems:
-        raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
     counts = np.bincount(spans.env.numpy(), minlength=N)
     return {"T": T, "N": N, "M": M, "L": L, "fields": fields, "spans": spans, "counts": counts}
 
@@ -384,8 +363,7 @@ def _write_unpad(
         block_spans = TrajectorySpans(spans.env[m0:m1] - start, spans.start[m0:m1], spans.length[m0:m1])
         for name in fields:
             padded = source.slice(name, (slice(None), slice(m0, m1)))
-            rows = torch.from_numpy(np.ascontiguousarray(padded).reshape(L, m1 - m0, -1).view(np.uint8))
-            restored = unpad_with_spans(rows.to(run.device), block_spans, T, stop - start)
+            restored = unpad_with_spans(_as_byte_rows(padded).to(run.device), block_spans, T, stop - start)
             out.write(
                 name,
                 (slice(None), slice(start, stop)),
