@@ -48,7 +48,10 @@ def check_regular_file(path: Path) -> None:
         )
 
 
-def _mib(size: int) -> str:
+def _size(size: int) -> str:
+    """Bytes as ``--max-memory`` spells them, rounded up to whole KiB or MiB."""
+    if size < 1 << 20:
+        return f"{-(-size // 1024)}K"
     return f"{-(-size // (1 << 20))}M"
 
 
@@ -59,9 +62,9 @@ def check_one_env_fits(path: Path, per_env: int, budget: int, max_memory: int) -
     would be read whole whatever ``--max-memory`` says. The message names the ``--max-memory`` that fits.
     """
     if per_env > budget:
-        need = -(-per_env * max_memory // max(budget, 1))
+        need = max(-(-per_env * max_memory // max(budget, 1)), max_memory + 1)
         raise RolloutError(
-            f"{path}: one env needs {_mib(need)} of memory, more than --max-memory {_mib(max_memory)}; "
-            f"pass --max-memory {_mib(need)} or more.",
+            f"{path}: one env needs {_size(need)} of memory, more than --max-memory {_size(max_memory)}; "
+            f"pass --max-memory {_size(need)} or more.",
             exit_code=EXIT_USAGE,
         )

@@ -214,19 +214,38 @@ class RolloutReader(H5Input):
                 return ordered
         return names
 
+    def _value_blocks(self, names: Sequence[str]) -> list[tuple[slice, slice]]:
+        """(steps, envs) blocks of ``[T, N]`` fields within a quarter of the budget (the rest: the masks); an
+        env longer than that is cut along T, so validation never needs more than the budget."""
+        budget = max(self.budget // 4, 1)
+        per_env = max(sum(self.schema.fields[n].bytes_per_env() for n in names), 1)
+        steps = self.T if per_env <= budget else max(1, budget * self.T // per_env)
+        return [
+            (slice(t, min(t + steps, self.T)), slice(start, stop))
+            for start, stop in env_blocks(self.N, per_env, budget)
+            for t in range(0, self.T, steps)
+        ]
+
+    def _value_block(self, name: str, steps: slice, envs: slice) -> np.ndarray | None:
+        """A ``[T, N, ...]`` field's (steps, envs) block; a field without steps (``[N]``) with its first one."""
+        if self.schema.fields[name].env_axis == 1:
+            return self.slice(name, (steps, envs))
+        return self.read(name, envs.start, envs.stop) if steps.start == 0 else None
+
     def check_values(self) -> None:
         """Stream env blocks and raise one ``RolloutError`` listing every value problem."""
         fields = self.schema.fields
         finite = [f.name for f in by_flag(finite=True) if f.name in fields]
         flags = [f.name for f in by_flag(flag=True) if f.name in fields]
         counts = dict.fromkeys([*finite, *flags, "orphan"], 0)
-        for start, stop in self.blocks([*finite, *flags], budget=max(self.budget // 4, 1)):  # + the masks
-            block = {n: self.read(n, start, stop) for n in (*finite, *flags)}
+        for steps, envs in self._value_blocks([*finite, *flags]):
+            block = {n: self._value_block(n, steps, envs) for n in (*finite, *flags)}
+            block = {n: data for n, data in block.items() if data is not None}
             for name in finite:
-                if block[name].dtype.kind == "f":
+                if name in block and block[name].dtype.kind == "f":
                     counts[name] += int(np.count_nonzero(~np.isfinite(block[name])))
             for name in flags:
-                if block[name].dtype.kind != "b":
+                if name in block and block[name].dtype.kind != "b":
                     counts[name] += int(np.count_nonzero((block[name] != 0) & (block[name] != 1)))
             if "time_outs" in block:
                 orphan = (block["time_outs"].reshape(-1) != 0) & (block["dones"].reshape(-1) == 0)

@@ -50,6 +50,13 @@ def _access(low: int) -> h5py.h5p.PropFAID:
     return access
 
 
+def _untimed() -> h5py.h5p.PropFCID:
+    """File creation without the root group's modification times (equal runs give equal bytes)."""
+    plist = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+    plist.set_obj_track_times(False)
+    return plist
+
+
 class RolloutOutput:
     """A new HDF5 file at ``tmp`` (published at ``dst`` by the caller's ``atomic_file``).
 
@@ -60,7 +67,11 @@ class RolloutOutput:
     def __init__(self, tmp: Path | str, dst: Path | str, source: H5Input | None = None) -> None:
         self.dst, self.source = Path(dst), source
         self.file = self._do(
-            lambda: h5py.File(h5py.h5f.create(os.fsencode(tmp), h5py.h5f.ACC_TRUNC, fapl=_access(h5py.h5f.LIBVER_V18)))
+            lambda: h5py.File(
+                h5py.h5f.create(
+                    os.fsencode(tmp), h5py.h5f.ACC_TRUNC, fcpl=_untimed(), fapl=_access(h5py.h5f.LIBVER_V18)
+                )
+            )
         )
 
     def __enter__(self) -> RolloutOutput:
@@ -84,6 +95,16 @@ class RolloutOutput:
                 f"{self.dst}: cannot write the output ({first}); nothing was written.", exit_code=EXIT_IO
             ) from exc
 
+    def _parents(self, name: str) -> None:
+        """Create the groups above ``name`` without modification times, so equal runs give equal bytes."""
+        parts = name.strip("/").split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            path = "/".join(parts[:depth])
+            if path not in self.file:
+                plist = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
+                plist.set_obj_track_times(False)
+                self._do(lambda path=path, plist=plist: h5py.h5g.create(self.file.id, path.encode(), gcpl=plist))
+
     def _source(self) -> H5Input:
         assert self.source is not None, "this output has no source to copy from"
         return self.source
@@ -93,7 +114,8 @@ class RolloutOutput:
         datatype included, when that datatype was copied with :meth:`copy`)."""
         if like is not None:
             dtype = self._stored_type(like)
-        self._do(lambda: self.file.create_dataset(name, shape=shape, dtype=dtype))
+        self._parents(name)
+        self._do(lambda: self.file.create_dataset(name, shape=shape, dtype=dtype, track_times=False))
 
     def _stored_type(self, name: str) -> Any:
         source = self._source()
@@ -112,7 +134,8 @@ class RolloutOutput:
     def put(self, name: str, value: torch.Tensor | np.ndarray) -> None:
         """Write one whole dataset (creating intermediate groups)."""
         array = to_numpy(value)
-        self._do(lambda: self.file.create_dataset(name, data=array))
+        self._parents(name)
+        self._do(lambda: self.file.create_dataset(name, data=array, track_times=False))
 
     def set_attrs(self, attrs: Mapping[str, Any], name: str = "") -> None:
         """Set attributes of the object at ``name`` (``""``: the root); None values are skipped."""
@@ -133,7 +156,8 @@ class RolloutOutput:
         for name in names:
             target = rename(name)
             parent, _, leaf = target.rpartition("/")
-            group = self._do(lambda parent=parent: self.file.require_group(parent) if parent else self.file)
+            self._parents(target)
+            group = self.file[parent] if parent else self.file
             try:
                 source.handle.copy(source.handle[name], group, name=leaf)
             except (*HDF5_ERRORS, MemoryError) as exc:
