@@ -16,6 +16,13 @@ def run() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted: no output was written.\n")
         os._exit(130)
+    except (MemoryError, ImportError) as exc:  # an import under a low `ulimit -v` fails for want of memory
+        from rolloutcli.errors import out_of_memory
+
+        if isinstance(exc, ImportError) and not out_of_memory(exc):
+            raise
+        sys.stderr.write("error: out of memory; raise the memory limit (ulimit -v) or lower --max-memory.\n")
+        os._exit(3)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,9 @@ from rolloutcli.errors import (
     EXIT_USAGE,
     RolloutError,
     one_line,
+    out_of_memory,
 )
+from rolloutcli.hdf5.atomic import remove_live_temporaries
 from rolloutcli.render import RichProgress, stderr
 
 
@@ -255,6 +257,11 @@ def _run(args: list[str]) -> int:
     except MemoryError:
         _say("error: out of memory; lower --max-memory.")
         return EXIT_IO
+    except ImportError as failed:  # a library that cannot be mapped under a low `ulimit -v`
+        if not out_of_memory(failed):
+            raise
+        _say("error: out of memory while loading a library; raise the memory limit (ulimit -v).")
+        return EXIT_IO
     except Exception as other:
         if not (hasattr(other, "format_message") and hasattr(other, "exit_code")):
             raise
@@ -266,8 +273,6 @@ def _run(args: list[str]) -> int:
 
 
 def _cleanup() -> None:
-    from rolloutcli.hdf5.atomic import remove_live_temporaries
-
     # A second Ctrl-C or signal must not interrupt the cleanup itself.
     handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     remove_live_temporaries()

@@ -60,3 +60,8 @@ def problem_line(path: object, field: str, expected: str, found: str, fix: str =
     """One problem as a sentence naming the file, the field, what was expected and what was found."""
     text = f"{path}: field '{field}': expected {expected}, found {found}"
     return f"{text}. {fix}" if fix else f"{text}."
+
+
+def out_of_memory(error: ImportError) -> bool:
+    """An import that failed for want of memory (a low ``ulimit -v``), not for a missing module."""
+    return any(words in str(error).lower() for words in ("memory", "failed to map segment"))

@@ -263,3 +263,23 @@ def test_no_import_cycle_between_cli_modules() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, env=child_env())
     with h5py.File(SAMPLE, "r"):  # the sample is a plain readable file (the tests above rely on it)
         pass
+
+
+def test_a_library_that_cannot_be_mapped_is_out_of_memory(tmp_path, cli, monkeypatch) -> None:
+    """Under a low ``ulimit -v`` a lazy import fails with ImportError ("failed to map segment"): exit 3."""
+    import builtins
+
+    from rolloutcli.errors import out_of_memory
+
+    real_import = builtins.__import__
+
+    def failing(name, *args, **kwargs):
+        if name == "rolloutcli.pipeline.gae":
+            raise ImportError("libhdf5.so: failed to map segment from shared object")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", failing)
+    code, out, err = cli("gae", SAMPLE, "-o", tmp_path / "out.h5")
+    assert code == 3 and out == ""
+    assert err.strip() == "error: out of memory while loading a library; raise the memory limit (ulimit -v)."
+    assert not out_of_memory(ModuleNotFoundError("No module named 'nope'"))
