@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from test_promises_hostile import HOSTILE, SECRET, SECRET_TEXT, Patch, _secret_file, _secret_raw
+from test_promises_hostile import HOSTILE, SECRET, SECRET_TEXT, _secret_file, _secret_raw, make_hostile
 
 from rolloutcli.core.circular_buffer import CircularBuffer
 from rolloutcli.errors import EXIT_IO, RolloutError
@@ -109,22 +109,7 @@ def _build(folder: Path, case: str) -> Path:
     (folder / "aux").mkdir()
     path = folder / "buffer.h5"
     _valid(path)
-    builder = CASES[case][0]
-    if builder == "fifo":
-        path.unlink()
-        os.mkfifo(path)
-    elif builder == "devzero":
-        path.unlink()
-        path.symlink_to("/dev/zero")
-    elif builder == "text":
-        path.write_text("not HDF5, just text\n" * 200)
-    elif builder == "truncated":
-        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    elif isinstance(builder, Patch):
-        builder.fn(path)
-    else:
-        with h5py.File(path, "a") as handle:
-            builder(handle, folder / "aux")
+    make_hostile(path, CASES[case][0], folder / "aux")
     return path
 
 

@@ -258,27 +258,31 @@ HOSTILE: dict[str, tuple[Builder | Patch | str, int, str]] = {
 CASES = [(case, name) for case in HOSTILE for name in COMMANDS]
 
 
+def make_hostile(path: Path, builder: Any, aux: Path) -> None:
+    """Turn the valid file at ``path`` into one hostile case (``builder``: a name, a ``Patch`` or a function)."""
+    if builder == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+    elif builder == "devzero":
+        path.unlink()
+        path.symlink_to("/dev/zero")
+    elif builder == "text":
+        path.write_text("not HDF5, just text\n" * 200)
+    elif builder == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif isinstance(builder, Patch):
+        builder.fn(path)
+    else:
+        with h5py.File(path, "a") as handle:
+            builder(handle, aux)
+
+
 def _build(folder: Path, case: str, name: str) -> dict[str, Any]:
     command = COMMANDS[name]
     (folder / "aux").mkdir()
     src = make_input(command.source, folder / "in.h5", T=16, N=6)
-    builder = HOSTILE[case][0]
-    if builder == "fifo":
-        src.unlink()
-        os.mkfifo(src)
-    elif builder == "devzero":
-        src.unlink()
-        src.symlink_to("/dev/zero")
-    elif builder == "text":
-        src.write_text("not HDF5, just text\n" * 200)
-    elif builder == "truncated":
-        data = src.read_bytes()
-        src.write_bytes(data[: len(data) // 2])
-    elif isinstance(builder, Patch):
-        builder.fn(src)
-    else:
-        with h5py.File(src, "a") as handle:
-            builder(handle, folder / "aux")
+    make_hostile(src, HOSTILE[case][0], folder / "aux")
     dst = command.output_path(src, folder)
     return {
         "name": f"{case} / {name}",
