@@ -8,8 +8,6 @@ rounded moments of all advantages, so the bytes never depend on ``--max-memory``
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,12 +16,10 @@ import numpy as np
 
 from rolloutcli.core.gae_numpy import bootstrap_rewards, gae_arrays, normalize_array
 from rolloutcli.core.moments import ExactMoments
-from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_USAGE, RolloutError, problem_line
-from rolloutcli.hdf5.atomic import atomic_file, check_output_path
-from rolloutcli.hdf5.filecopy import OpenCopy, copy_file_bytes
-from rolloutcli.hdf5.limits import check_regular_file
+from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
+from rolloutcli.hdf5.filecopy import OpenCopy
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.safety import HDF5_ERRORS, translate_write_error
+from rolloutcli.pipeline.derive import Derived, run_derive
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
 
@@ -65,70 +61,26 @@ def run_gae(
 ) -> dict[str, Any]:
     """Write ``dst`` (or replace ``src`` when ``in_place``) = ``src`` + advantages, returns, attributes."""
     progress = progress or Progress()
-    started = time.perf_counter()
-    src = Path(src)
-    if in_place:
-        dst = Path(os.path.realpath(src))  # replace the file itself, not a symlink to it
-    if dst is None:
-        raise RolloutError(
-            "gae: expected an output path (-o OUT.h5) or --in-place, found neither.", exit_code=EXIT_USAGE
-        )
-    dst = Path(dst)
-    check_output_path(dst, [src], overwrite=overwrite or in_place, replace_input=in_place)
-    check_regular_file(src)  # before the copy: a FIFO or device would never end
-    if in_place and not os.access(src, os.W_OK):
-        raise RolloutError(
-            f"{src}: the input is write-protected; refusing to replace it with --in-place. "
-            "Make it writable (chmod u+w) or write a new file with -o OUT.h5.",
-            exit_code=EXIT_IO,
-        )
-    identity = _identity(src)
-    with atomic_file(dst, inputs=[src], overwrite=overwrite, replace_input=in_place) as tmp:
-        try:
-            summary, rewards = _compute(src, tmp, options, run, progress)
-        except HDF5_ERRORS as exc:
-            raise translate_write_error(dst, exc, src) from exc
-        if _identity(src) != identity:
-            raise RolloutError(
-                f"{src}: the input changed while gae ran (its size, modification time or inode); nothing was "
-                "written. Run gae again once the file is complete.",
-                exit_code=EXIT_IO,
-            )
+    jobs: list[_Gae] = []
+
+    def make(reader: RolloutReader) -> Derived:
+        _check_fields(reader, options)
+        jobs.append(_Gae(reader, options, _plan_rewards(reader, options), progress))
+        return jobs[0].derived()
+
+    summary = run_derive(src, dst, make, run, name="gae", overwrite=overwrite, in_place=in_place, progress=progress)
+    rewards = jobs[0].rewards
     summary.update(
         {
-            "input": str(src),
-            "output": str(dst),
-            "in_place": in_place,
             "gamma": options.gamma,
             "lambda": options.lam,
             "normalized": options.normalize,
             "timeouts_bootstrapped": rewards.bootstrap or rewards.already,
             "bootstrapped_by_this_run": rewards.bootstrap,
             "last_values": options.last_values,
-            "seconds": time.perf_counter() - started,
         }
     )
     return summary
-
-
-def _identity(path: Path) -> tuple[int, int, int, int]:
-    info = os.stat(path)
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
-
-
-def _compute(
-    src: Path, tmp: Path, options: GaeOptions, run: RunOptions, progress: Progress
-) -> tuple[dict[str, Any], _Rewards]:
-    """Validate ``src``, copy it to ``tmp`` and add GAE's datasets to the copy."""
-    with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
-        _check_fields(reader, options)
-        rewards = _plan_rewards(reader, options)
-        progress.start("copy", max(1, src.stat().st_size))
-        copy_file_bytes(src, tmp, progress.advance)
-        with OpenCopy(tmp) as out:
-            _prepare_output(out, rewards, reader.T, reader.N)
-            summary = _write(reader, out, rewards, options, run, progress)
-    return summary, rewards
 
 
 def _check_fields(reader: RolloutReader, options: GaeOptions) -> None:
@@ -228,52 +180,57 @@ def _block_rewards(
     return np.ascontiguousarray(bootstrapped, dtype=np.float32), int(np.count_nonzero(time_outs))
 
 
-def _write(
-    reader: RolloutReader, out: OpenCopy, rewards: _Rewards, options: GaeOptions, run: RunOptions, progress: Progress
-) -> dict[str, Any]:
-    """Pass 1: GAE per env block; pass 2 (when normalising): ``(A - mean) / (std + 1e-8)``."""
-    fields = reader.schema.fields
-    inputs = [n for n in ("rewards", "values", "dones", "time_outs") if n in fields]
-    # bytes per env in flight: inputs as stored + float32 copies + A, R (and bootstrapped rewards)
-    blocks = reader.blocks(inputs, budget=max(run.max_memory // 4, 1))
-    as_read = rewards.raw is None and not rewards.bootstrap  # else _block_rewards reads them in their own dtype
-    needed = ["values", "dones"] + (["rewards"] if as_read else []) + (["time_outs"] if rewards.bootstrap else [])
-    if "last_values" in fields and options.last_values == "recorded":
-        needed.append("last_values")
-    raw_moments, return_moments, bootstrapped = ExactMoments(), ExactMoments(), 0
-    kept: np.ndarray | None = None  # the one block's advantages, kept for pass 2
-    progress.start("gae", len(blocks) * (2 if options.normalize and len(blocks) > 1 else 1))
-    for start, stop in blocks:
-        block = reader.arrays(needed, start, stop)
+class _Gae:
+    """GAE as a derive job: pass 1 per env block, then (when normalising) ``(A - mean) / (std + 1e-8)``."""
+
+    def __init__(self, reader: RolloutReader, options: GaeOptions, rewards: _Rewards, progress: Progress) -> None:
+        self.reader, self.options, self.rewards, self.progress = reader, options, rewards, progress
+        as_read = rewards.raw is None and not rewards.bootstrap  # else _block_rewards reads them in their own dtype
+        self.needed = ["values", "dones"] + (["rewards"] if as_read else []) + (["time_outs"] * rewards.bootstrap)
+        if "last_values" in reader.schema.fields and options.last_values == "recorded":
+            self.needed.append("last_values")
+        self.raw, self.returns, self.bootstrapped = ExactMoments(), ExactMoments(), 0
+        self.kept: np.ndarray | None = None  # the advantages of a file read in one block, kept for pass 2
+
+    def derived(self) -> Derived:
+        fields = self.reader.schema.fields
+        inputs = [n for n in ("rewards", "values", "dones", "time_outs") if n in fields]
+        # share 4: inputs as stored + float32 copies + A, R (and bootstrapped rewards) per env in flight
+        return Derived("gae", inputs, 4, self.prepare, self.block, self.finish)
+
+    def prepare(self, out: OpenCopy) -> None:
+        _prepare_output(out, self.rewards, self.reader.T, self.reader.N)
+
+    def block(self, out: OpenCopy, start: int, stop: int) -> None:
+        options, block = self.options, self.reader.arrays(self.needed, start, stop)
         last_values = block.get("last_values", np.zeros(stop - start, np.float32))
-        r, count = _block_rewards(reader, out, rewards, block, options.gamma, slice(start, stop))
-        bootstrapped += count
+        r, count = _block_rewards(self.reader, out, self.rewards, block, options.gamma, slice(start, stop))
+        self.bootstrapped += count
         advantages, returns = gae_arrays(r, block["values"], block["dones"], last_values, options.gamma, options.lam)
-        if rewards.bootstrap:
+        if self.rewards.bootstrap:
             out.write("rewards", start, stop, r)
         out.write("returns", start, stop, returns)
-        return_moments = return_moments.merge(ExactMoments.of(returns))
-        raw_moments = raw_moments.merge(ExactMoments.of(advantages))
-        if options.normalize and len(blocks) == 1:
-            kept = advantages
+        self.returns = self.returns.merge(ExactMoments.of(returns))
+        self.raw = self.raw.merge(ExactMoments.of(advantages))
+        if options.normalize and start == 0 and stop == self.reader.N:
+            self.kept = advantages
         else:
             out.write("advantages", start, stop, advantages)
-        progress.advance()
-    moments = raw_moments
-    if options.normalize:
-        moments = _normalize(out, blocks, kept, raw_moments, progress)
-    progress.finish()
-    _set_attributes(out, rewards, options, raw_moments)
-    return {
-        "T": reader.T,
-        "N": reader.N,
-        "blocks": len(blocks),
-        "bootstrapped_rewards": bootstrapped,
-        "advantages": moments.as_dict(),
-        "returns": return_moments.as_dict(),
-        "advantages_raw_mean": _number(raw_moments.mean) if options.normalize else None,
-        "advantages_raw_std": _number(raw_moments.std) if options.normalize else None,
-    }
+
+    def finish(self, out: OpenCopy, blocks: list[tuple[int, int]]) -> dict[str, Any]:
+        options, moments = self.options, self.raw
+        if options.normalize:
+            if self.kept is None:
+                self.progress.start("normalize", len(blocks))
+            moments = _normalize(out, blocks, self.kept, self.raw, self.progress)
+        _set_attributes(out, self.rewards, options, self.raw)
+        return {
+            "bootstrapped_rewards": self.bootstrapped,
+            "advantages": moments.as_dict(),
+            "returns": self.returns.as_dict(),
+            "advantages_raw_mean": _number(self.raw.mean) if options.normalize else None,
+            "advantages_raw_std": _number(self.raw.std) if options.normalize else None,
+        }
 
 
 def _normalize(
