@@ -200,9 +200,14 @@ class RolloutReader(H5Input):
         """Env blocks such that reading ``names`` for one block stays within ``budget`` bytes (default: all of
         the reader's); a file one env of which does not fit is refused (exit 2)."""
         budget = self.budget if budget is None else budget
-        per_env = sum(self.schema.fields[n].bytes_per_env() for n in names)
-        check_one_env_fits(self.path, per_env, budget, self.budget)
+        per_env = self.check_fits(names, budget)
         return env_blocks(self.N, per_env, budget)
+
+    def check_fits(self, names: Sequence[str], budget: int | None = None) -> int:
+        """Refuse (exit 2) a file one env of whose ``names`` exceeds ``budget``; return the bytes per env."""
+        per_env = sum(self.schema.fields[n].bytes_per_env() for n in names)
+        check_one_env_fits(self.path, per_env, self.budget if budget is None else budget, self.budget)
+        return per_env
 
     def distribution_order(self) -> list[str]:
         """Distribution parameter names in tuple order (the group's ``order`` attribute, else by name)."""

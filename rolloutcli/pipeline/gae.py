@@ -61,26 +61,12 @@ def run_gae(
 ) -> dict[str, Any]:
     """Write ``dst`` (or replace ``src`` when ``in_place``) = ``src`` + advantages, returns, attributes."""
     progress = progress or Progress()
-    jobs: list[_Gae] = []
 
     def make(reader: RolloutReader) -> Derived:
         _check_fields(reader, options)
-        jobs.append(_Gae(reader, options, _plan_rewards(reader, options), progress))
-        return jobs[0].derived()
+        return _Gae(reader, options, _plan_rewards(reader, options), progress).derived()
 
-    summary = run_derive(src, dst, make, run, name="gae", overwrite=overwrite, in_place=in_place, progress=progress)
-    rewards = jobs[0].rewards
-    summary.update(
-        {
-            "gamma": options.gamma,
-            "lambda": options.lam,
-            "normalized": options.normalize,
-            "timeouts_bootstrapped": rewards.bootstrap or rewards.already,
-            "bootstrapped_by_this_run": rewards.bootstrap,
-            "last_values": options.last_values,
-        }
-    )
-    return summary
+    return run_derive(src, dst, make, run, name="gae", overwrite=overwrite, in_place=in_place, progress=progress)
 
 
 def _check_fields(reader: RolloutReader, options: GaeOptions) -> None:
@@ -225,6 +211,12 @@ class _Gae:
             moments = _normalize(out, blocks, self.kept, self.raw, self.progress)
         _set_attributes(out, self.rewards, options, self.raw)
         return {
+            "gamma": options.gamma,
+            "lambda": options.lam,
+            "normalized": options.normalize,
+            "timeouts_bootstrapped": self.rewards.bootstrap or self.rewards.already,
+            "bootstrapped_by_this_run": self.rewards.bootstrap,
+            "last_values": options.last_values,
             "bootstrapped_rewards": self.bootstrapped,
             "advantages": moments.as_dict(),
             "returns": self.returns.as_dict(),

@@ -162,7 +162,7 @@ def run_split(
 def _count_trajectories(reader: RolloutReader, max_length: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Pass 1 (dones only): trajectories per env ``[N]`` and the count of each length ``[T + 1]``."""
     counts, lengths = np.zeros(reader.N, np.int64), np.zeros(reader.T + 1, np.int64)
-    reader.blocks(reader.schema.step_names())  # refuses a file one env of which does not fit the budget
+    reader.check_fits(reader.schema.step_names())  # one env's input is read whole: it must fit
     for start, stop in reader.blocks(["dones"]):
         spans = trajectory_spans(reader.tensor("dones", start, stop), max_length)
         counts[start:stop] = torch.bincount(spans.env, minlength=stop - start).numpy()
