@@ -10,7 +10,7 @@ from dataclasses import dataclass
 # Layouts: where T (time) and N (envs) sit in a field's shape.
 STEP = "[T, N, ...]"  # per-step fields: split, batch and GAE stream over them
 HIDDEN = "[T, layers, N, H]"  # recurrent state at each step
-ENV = "[N]"  # one value per env (last_values)
+ENV = "[N, ...]"  # one entry per env (last_values, last_observations)
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,11 @@ FIELDS: tuple[Field, ...] = (
     Field("hidden_states", layout=HIDDEN, group=True, batch_name="hidden_states"),
     Field("advantages", load_dtype="float32", trailing_one=True, batch_name="advantages", storage_name="advantages"),
     Field("returns", load_dtype="float32", trailing_one=True, batch_name="returns", storage_name="returns"),
+    # v1.1: the observation that ended an episode (before the reset; undefined where dones is 0), V of it,
+    # and the observation after the last step.
+    Field("final_observations", group=True),
+    Field("final_values", load_dtype="float32", trailing_one=True),
+    Field("last_observations", layout=ENV, group=True),
 )
 # fmt: on
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

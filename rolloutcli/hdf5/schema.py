@@ -105,8 +105,10 @@ class RolloutSchema:
 
 def _expected_shape(row: Field, shape: tuple[int, ...], T: int, N: int) -> str | None:
     """Expected-shape text when ``shape`` does not fit ``row``, else None."""
-    if row.layout == ENV:
+    if row.layout == ENV and row.trailing_one:
         return None if shape in ((N,), (N, 1)) else f"shape [N] = [{N}] (or [{N}, 1])"
+    if row.layout == ENV:
+        return None if shape[:1] == (N,) else f"shape [N, ...] with N={N}"
     if row.layout == HIDDEN:
         if len(shape) == 4 and shape[0] == T and shape[2] == N:
             return None
