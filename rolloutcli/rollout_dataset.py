@@ -16,8 +16,8 @@ the end of each env, in RSL-RL's env-major order); an item is one trajectory ``[
 and the hidden states fed at its first step, and a batch pads them to the longest in the batch (``[L, M, ...]``,
 ``masks [L, M]``, hidden states ``[layers, M, H]``).
 
-A ``DataLoader`` asks for a whole batch of rows at once (``__getitems__``): each file is read once per field and
-step. Files are checked when the dataset is built and opened lazily in each worker process.
+A ``DataLoader`` asks for a whole batch of rows at once (``__getitems__``). Files are checked when the dataset is
+built and opened lazily in each worker process, which keeps whole fields in memory up to ``cache_bytes``.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ class RolloutDataset(Dataset):
             to read; default: every field a ``Batch`` holds (RL fields, ``privileged_actions``, ``dones``).
         device: where items and batches go (keep ``"cpu"`` with ``DataLoader`` workers).
         allow_external: trust links and storage outside the files (refused by default, as by every command).
+        cache_bytes: whole fields each process keeps in memory (default 256 MiB); larger ones are read by steps.
     """
 
     recurrent = False
@@ -93,6 +94,7 @@ class RolloutDataset(Dataset):
         fields: Sequence[str] | None = None,
         device: str | torch.device = "cpu",
         allow_external: bool = False,
+        cache_bytes: int = 256 << 20,
     ) -> None:
         safety = SafetyOptions(allow_external=allow_external)
         self.paths = _files(source)
@@ -105,7 +107,7 @@ class RolloutDataset(Dataset):
                 name = next(n for n in self.names if ours[n] != theirs[n])
                 raise RolloutError.field(info.path, name, f"{ours[name]} as in {self.paths[0]}", str(theirs[name]))
         self.device = torch.device(device)
-        self.reader = RowReader(self.paths, safety)
+        self.reader = RowReader(self.paths, safety, cache_bytes)
         self.offsets = list(itertools.accumulate((self._count(i) for i in self.infos), initial=0))
 
     def _count(self, info: FileInfo) -> int:

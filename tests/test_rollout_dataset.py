@@ -90,3 +90,15 @@ def test_trajectories_padded_per_batch(files) -> None:
         assert not batch.actions[~batch.masks].any()
         lengths += batch.masks.sum(0).tolist()
     assert sorted(lengths) == sorted(spans.length.tolist())
+
+
+def test_fields_larger_than_the_cache_are_read_by_steps(files) -> None:
+    _, paths, _ = files
+    cached, direct = RolloutDataset(paths[0]), RolloutDataset(paths[0], cache_bytes=0)
+    rows = [5, 3 * N + 1, 5, T * N - 1, 0]  # any order, repeats allowed
+    for a, b in zip(cached.__getitems__(rows), direct.__getitems__(rows), strict=True):
+        assert torch.equal(a.actions, b.actions) and torch.equal(a.observations["critic"], b.observations["critic"])
+        assert torch.equal(a.old_distribution_params[0], b.old_distribution_params[0])
+    k = len(TrajectoryDataset(paths[0])) - 1
+    a, b = TrajectoryDataset(paths[0])[k], TrajectoryDataset(paths[0], cache_bytes=0)[k]
+    assert torch.equal(a.values, b.values) and torch.equal(a.hidden_states[1][1], b.hidden_states[1][1])
