@@ -60,11 +60,15 @@ Loaded = tuple[dict[str, torch.Tensor], dict[str, Any]]
 _PREFETCHING: weakref.WeakSet[ShardDataset] = weakref.WeakSet()  # datasets that have started a prefetch thread
 
 
+def _settle(pending: dict[int, Future[Loaded]]) -> None:
+    """Cancel the reads of ``pending`` not started yet and wait for the others."""
+    wait([future for future in list(pending.values()) if not future.cancel()])
+
+
 def _finish_prefetches() -> None:
     """Before a fork: wait for every read in flight (a thread inside libhdf5 would leave its lock held in the child)."""
     for dataset in list(_PREFETCHING):
-        for pending in list(dataset._ahead.values()):
-            wait([pending])
+        _settle(dataset._ahead)
 
 
 os.register_at_fork(before=_finish_prefetches)
@@ -179,6 +183,7 @@ class ShardDataset(Dataset):
 
     # ---------------------------------------------------------------------------------------- reading, prefetch
     def _drop_cache(self) -> None:
+        _settle(self.__dict__.get("_ahead", {}))
         self._current: tuple[int, Loaded] | None = None
         self._ahead: dict[int, Future[Loaded]] = {}
 
@@ -200,6 +205,7 @@ class ShardDataset(Dataset):
                 if "_pool" not in self.__dict__:
                     self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-prefetch")
                     _PREFETCHING.add(self)
+                _settle(self._ahead)  # a read no longer wanted: cancelled, or finished before it is forgotten
                 self._ahead = {shard + 1: self._pool.submit(self._load_position, shard + 1)}
         return self._current[1]
 
