@@ -66,7 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small smoke run (seconds)")
     args = parser.parse_args()
-    T, N, obs, M = (24, 512, 256, 8) if args.quick else (64, 4096, 256, 8)
+    T, N, obs, M = (24, 512, 256, 8) if args.quick else (32, 4096, 256, 8)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         src = make_source(Path(tmp) / "src.h5", T, N, obs)
