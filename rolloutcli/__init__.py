@@ -24,6 +24,9 @@ _LAZY = {
     "CircularBuffer": "rolloutcli.core.circular_buffer",
     "RolloutStorage": "rolloutcli.storage",
     "ShardDataset": "rolloutcli.shards",
+    "Batch": "rolloutcli.minibatch",
+    "RolloutDataset": "rolloutcli.rollout_dataset",
+    "TrajectoryDataset": "rolloutcli.rollout_dataset",
 }
 
 __all__ = ["RolloutError", "__version__", *_LAZY]

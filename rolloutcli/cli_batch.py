@@ -45,7 +45,15 @@ def _groups(observations: str | None) -> tuple[str, ...] | None:
 FileArg = Annotated[
     Path, typer.Argument(metavar="FILE", help="Rollout file (.h5); RL modes need advantages/returns (run gae).")
 ]
-MiniBatchesOpt = Annotated[int, count_option("--num-mini-batches", "-m", text="Mini-batches per epoch.", metavar="M")]
+MiniBatchesOpt = Annotated[
+    int | None, count_option("--num-mini-batches", "-m", text="Mini-batches per epoch (or --batch-size).", metavar="M")
+]
+BatchSizeOpt = Annotated[
+    int | None,
+    count_option(
+        "--batch-size", text="Items per mini-batch: rows, envs (--recurrent), steps (--distillation).", metavar="B"
+    ),
+]
 EpochsOpt = Annotated[int, count_option("--epochs", text="Epochs to write.", metavar="E")]
 SeedOpt = Annotated[int, count_option("--seed", text="Seed of every shuffle.", low=0, high=MAX_SEED, metavar="S")]
 RecurrentOpt = flag("--recurrent", text="Env groups of padded trajectories with hidden states.")
@@ -64,8 +72,9 @@ GroupsOpt = Annotated[
 
 def batch(
     file: FileArg,
-    num_mini_batches: MiniBatchesOpt,
+    num_mini_batches: MiniBatchesOpt = None,
     output: FolderOutputOpt = None,
+    batch_size: BatchSizeOpt = None,
     epochs: EpochsOpt = 1,
     seed: SeedOpt = 0,
     recurrent: RecurrentOpt = False,
@@ -88,6 +97,12 @@ def batch(
     """
     if output is None:
         raise RolloutError("batch: expected an output folder (-o SHARDS/), found none.", exit_code=EXIT_USAGE)
+    if (num_mini_batches is None) == (batch_size is None):
+        found = "both" if batch_size is not None else "neither"
+        raise RolloutError(
+            f"batch: expected exactly one of --num-mini-batches/-m M and --batch-size B, found {found}.",
+            exit_code=EXIT_USAGE,
+        )
     if recurrent and distillation:
         raise RolloutError("batch: expected --recurrent or --distillation, found both.", exit_code=EXIT_USAGE)
     # The export is file I/O and row copies on the CPU (orders are drawn on the CPU so shards are the same
@@ -99,19 +114,22 @@ def batch(
     options: BatchOptions | HistoryOptions
     if history is not None:
         flags = [("--recurrent", recurrent), ("--distillation", distillation), ("--rsl-parity", rsl_parity)]
-        given = [name for name, on in [*flags, ("--shuffle-envs", shuffle_envs)] if on]
+        given = [name for name, on in [*flags, ("--shuffle-envs", shuffle_envs), ("--batch-size", batch_size)] if on]
         if given:
             raise RolloutError(
                 f"--history: expected none of {', '.join(given)} (history windows are a mode of their own).",
                 exit_code=EXIT_USAGE,
             )
         groups = _groups(observations)
+        assert num_mini_batches is not None
         options = HistoryOptions(history, num_mini_batches, epochs, seed, across_episodes, groups, compression)
     else:
         for name, on in (("--across-episodes", across_episodes), ("--observations", observations is not None)):
             if on:
                 raise RolloutError(f"{name}: expected --history K with it, found none.", exit_code=EXIT_USAGE)
         mode = "recurrent" if recurrent else "distillation" if distillation else "feedforward"
-        options = BatchOptions(num_mini_batches, epochs, seed, mode, rsl_parity, shuffle_envs, compression)
+        options = BatchOptions(
+            num_mini_batches or 0, epochs, seed, mode, rsl_parity, shuffle_envs, compression, batch_size=batch_size
+        )
     summary = run_batch(file, output, options, run, overwrite=overwrite, progress=RichProgress(quiet))
     emit(summary, render_batch, json_output, quiet, output)

@@ -1,158 +1,106 @@
-"""``ShardDataset``: read a ``rolloutcli batch`` folder back as RSL-RL mini-batches (a torch ``IterableDataset``).
+"""``ShardDataset``: read a ``rolloutcli batch`` folder back as RSL-RL mini-batches (a map-style torch ``Dataset``).
 
 ::
 
     from torch.utils.data import DataLoader
     from rolloutcli import ShardDataset
 
-    dataset = ShardDataset("shards/", verify_checksums=True)
-    for batch in DataLoader(dataset, batch_size=None, num_workers=2):   # batch_size=None: shards are batches
-        loss = ppo_loss(batch.observations, batch.actions, batch.advantages, ...)
+    dataset = ShardDataset("shards/", shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=None, pin_memory=True)   # batch_size=None: items are mini-batches
+    for epoch in range(100):
+        dataset.set_epoch(epoch)                      # a fresh order of shards (and of rows within them)
+        for batch in loader:
+            batch = batch.to("cuda", non_blocking=True)
+            loss = ppo_loss(batch.observations, batch.actions, batch.advantages, ...)
 
-Items come in manifest order (epoch, mini-batch, then step for distillation); with ``W`` ``DataLoader``
-workers, worker ``w`` yields the items ``w, w + W, ...`` of a pass and reads only the shards that hold them.
+An item is one mini-batch (one shard); for distillation, one time step (RSL-RL's ``generator()``). One pass covers
+one epoch: by default the written epoch ``e % E`` for ``set_epoch(e)`` (``E`` written epochs), in manifest order
+unless ``shuffle``; ``epochs="all"`` gives every written epoch in one pass (what RSL-RL's ``PPO.update()`` consumes
+in one call), ``epochs=[...]`` the ones named. ``rank``/``world_size`` give each data-parallel process its own
+shards of the pass (positions ``rank, rank + world_size, ...``), never overlapping.
 
-Batches come in RSL-RL's shapes (scalars with a trailing 1; observations a ``TensorDict``, so batches go
-straight into RSL-RL's ``update()``): feed-forward and recurrent shards as RSL-RL's mini-batches, distillation
-as one batch per time step (RSL-RL's ``generator()``). History shards (``batch --history K``) come as dicts
-``{"observations": {key: [B, K, ...]}, "window_dones": [B, K], "window_env": [B], "window_end": [B]}``.
-``as_dict=True`` yields each shard's datasets as stored plus ``"file"``, ``"epoch"`` and ``"mini_batch"``.
+Reading the next shard overlaps with the use of the current one: after each item the next shard of the pass is
+read in a background thread (``DataLoader`` workers read ahead by themselves: there, no thread is started). Before
+any ``fork`` (e.g. ``DataLoader`` starting workers) reads in flight are finished, so no worker inherits a
+half-held HDF5 lock.
+
+Batches come in RSL-RL's shapes (:class:`~rolloutcli.minibatch.Batch`; scalars with a trailing 1; observations a
+``TensorDict``). History shards (``batch --history K``) come as dicts ``{"observations": {key: [B, K, ...]},
+"window_dones": [B, K], "window_env": [B], "window_end": [B]}``. ``as_dict=True`` yields each shard's datasets as
+stored plus ``"file"``, ``"epoch"`` and ``"mini_batch"``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import bisect
+import itertools
 import os
-import re
-from collections.abc import Iterable, Iterator, Mapping
+import weakref
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
-from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, RolloutError, problem_line
+from rolloutcli.core.shuffle import epoch_order
+from rolloutcli.errors import RolloutError
 from rolloutcli.fields import FIELDS
-from rolloutcli.hdf5.shards import FORMAT_VERSION, MANIFEST_FORMAT, MANIFEST_NAME, manifest_text, read_shard
-from rolloutcli.storage import RolloutStorage
+from rolloutcli.hdf5.shards import read_shard
+from rolloutcli.minibatch import Batch
+from rolloutcli.shard_manifest import REQUIRED, _missing, _text, read_manifest, verify_shard
+
+__all__ = ["ShardDataset", "read_manifest", "verify_shard"]
 
 # per-step scalars of a Batch (stored [B], given [B, 1]): dataset name -> Batch attribute
 SCALARS = {row.name: row.batch_name for row in FIELDS if row.trailing_one and row.batch_name and not row.flag}
-
-ENTRY_KEYS = ("file", "epoch", "mini_batch", "rows", "sha256")
-MODES = ("feedforward", "recurrent", "distillation", "history")
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.h5$")  # a plain name inside the folder, no path
-_DAMAGED = "The shard was modified or damaged after it was written; run `rolloutcli batch` again."
-REQUIRED = {  # datasets every shard of a mode holds (besides observations/<key>)
-    "feedforward": ("actions", "index"),
-    "recurrent": ("actions", "masks"),
-    "distillation": ("privileged_actions", "dones"),
-    "history": ("window_dones", "window_env", "window_end"),
-}
+ROW_SHUFFLED = ("feedforward", "history")  # modes whose rows are independent; recurrent and distillation keep time
+Loaded = tuple[dict[str, torch.Tensor], dict[str, Any]]
+_PREFETCHING: weakref.WeakSet[ShardDataset] = weakref.WeakSet()  # datasets that have started a prefetch thread
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+def _settle(pending: dict[int, Future[Loaded]]) -> None:
+    """Cancel the reads of ``pending`` not started yet and wait for the others."""
+    wait([future for future in list(pending.values()) if not future.cancel()])
 
 
-def _missing(path: Path, name: str, expected: str) -> RolloutError:
-    return RolloutError.field(path, name, expected, "nothing", _DAMAGED)
+def _finish_prefetches() -> None:
+    """Before a fork: wait for every read in flight (a thread inside libhdf5 would leave its lock held in the child)."""
+    for dataset in list(_PREFETCHING):
+        _settle(dataset._ahead)
 
 
-def _check_source(manifest: dict[str, Any], bad: Any) -> None:
-    source = manifest.get("source")
-    if not isinstance(source, dict):
-        bad("source", "an object with the source's T and N", source)
-        return
-    for key in ("T", "N"):
-        value = source.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            bad(f"source.{key}", "an integer >= 1", value)
+os.register_at_fork(before=_finish_prefetches)
 
 
-def _check_entry(folder: Path, where: str, entry: Any, bad: Any) -> None:
-    if not isinstance(entry, dict) or any(key not in entry for key in ENTRY_KEYS):
-        bad(where, f"an object with keys {', '.join(ENTRY_KEYS)}", entry)
-        return
-    name = entry["file"]
-    inside = os.path.realpath(folder)
-    if not isinstance(name, str) or not _FILE_NAME.match(name):
-        bad(f"{where}.file", "a plain .h5 file name inside the folder", name)
-    elif os.path.dirname(os.path.realpath(folder / name)) != inside:
-        bad(f"{where}.file", "a shard file inside the folder", f"{name} resolving to {os.path.realpath(folder / name)}")
-    elif not (folder / name).is_file():
-        bad(f"{where}.file", "an existing shard file", f"{name} missing")
-    for key in ("epoch", "mini_batch", "rows"):
-        if not isinstance(entry[key], int) or isinstance(entry[key], bool) or entry[key] < 0:
-            bad(f"{where}.{key}", "an integer >= 0", entry[key])
-    if not isinstance(entry["sha256"], str) or not re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]):
-        bad(f"{where}.sha256", "64 hex digits", entry["sha256"])
+def _rows(mode: str, tensors: dict[str, torch.Tensor]) -> int:
+    """Source rows a loaded shard holds (what the manifest's ``rows`` counts)."""
+    if mode == "history":
+        return tensors["window_env"].shape[0]
+    if mode == "recurrent":
+        return tensors["actions"].shape[0] * tensors["actions"].shape[1]
+    if mode == "distillation":
+        return tensors["dones"].shape[0] * tensors["dones"].shape[1]
+    return tensors["actions"].shape[0]
 
 
-def read_manifest(folder: Path | str) -> dict[str, Any]:
-    """Read and check ``folder/manifest.json``: format, mode, source, shard entries, and that every file exists
-    inside the folder (a link resolving elsewhere is refused). RolloutError listing every problem."""
-    folder = Path(folder)
-    path = folder / MANIFEST_NAME
-    if not folder.is_dir():
-        raise RolloutError(f"{folder}: no such shard folder. Run `rolloutcli batch` to create it.", exit_code=EXIT_IO)
-    try:
-        manifest = json.loads(manifest_text(path))
-    except FileNotFoundError as exc:
-        raise RolloutError(
-            f"{path}: no manifest; the folder is not a complete `rolloutcli batch` output.", exit_code=EXIT_IO
-        ) from exc
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise RolloutError.field(path, "(file)", "a JSON manifest", f"unreadable content ({reason})") from exc
-    problems: list[str] = []
-
-    def bad(field: str, expected: str, found: object) -> None:
-        problems.append(problem_line(path, field, expected, repr(found)))
-
-    if not isinstance(manifest, dict):
-        raise RolloutError.field(path, "(root)", "a JSON object", type(manifest).__name__)
-    if manifest.get("format") != MANIFEST_FORMAT:
-        bad("format", repr(MANIFEST_FORMAT), manifest.get("format"))
-    if manifest.get("format_version") != FORMAT_VERSION:
-        bad("format_version", str(FORMAT_VERSION), manifest.get("format_version"))
-    if manifest.get("mode") not in MODES:
-        bad("mode", "feedforward, recurrent, distillation or history", manifest.get("mode"))
-    _check_source(manifest, bad)
-    shards = manifest.get("shards")
-    if not isinstance(shards, list) or not shards:
-        bad("shards", "a non-empty list", shards)
-        shards = []
-    for i, entry in enumerate(shards):
-        _check_entry(folder, f"shards[{i}]", entry, bad)
-    if problems:
-        raise RolloutError.many(path, problems, exit_code=EXIT_BAD_DATA)
-    return manifest
-
-
-def verify_shard(folder: Path, entry: Mapping[str, Any]) -> None:
-    """Raise ``RolloutError`` (exit 1) when a shard's bytes do not match the manifest's sha256."""
-    path = Path(folder) / entry["file"]
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(8 << 20):
-            digest.update(chunk)
-    if digest.hexdigest() != entry["sha256"]:
-        raise RolloutError.field(path, "sha256", entry["sha256"], digest.hexdigest(), _DAMAGED)
-
-
-class ShardDataset(IterableDataset):
+class ShardDataset(Dataset):
     """Mini-batches of a shard folder, verified against its manifest.
 
     Args:
         folder: output folder of ``rolloutcli batch`` (``manifest.json`` + shard files).
-        device: where the yielded tensors live (keep ``"cpu"`` with ``DataLoader`` workers).
-        as_dict: yield each shard's datasets as stored instead of ``RolloutStorage.Batch`` objects.
+        device: where the items' tensors live (keep ``"cpu"`` with ``DataLoader`` workers; pin, then move).
+        as_dict: yield each shard's datasets as stored instead of ``Batch`` objects.
         verify_checksums: check each shard's sha256 against the manifest before using it.
-        epochs: only these epochs (default: all).
+        epochs: the written epochs of one pass: None (default) the epoch ``e % E`` set by ``set_epoch(e)``,
+            ``"all"`` every written epoch, or an iterable of epoch numbers.
         tensordict: observations as a ``TensorDict`` or a plain dict. Default: TensorDict in ``Batch`` objects,
-            plain dicts in history items (a ``DataLoader``'s default collation cannot copy a TensorDict in a dict).
+            plain dicts in history items.
+        shuffle, seed: draw a fresh order of the pass's shards each epoch, and of the rows within feed-forward and
+            history shards (recurrent and distillation shards keep their time order); from ``seed`` and the epoch.
+        rank, world_size: this process's share of each pass's shards (data-parallel training).
+        prefetch: read the next shard in a background thread while the current one is used.
     """
 
     def __init__(
@@ -162,19 +110,47 @@ class ShardDataset(IterableDataset):
         device: str | torch.device = "cpu",
         as_dict: bool = False,
         verify_checksums: bool = False,
-        epochs: Iterable[int] | None = None,
+        epochs: Iterable[int] | str | None = None,
         tensordict: bool | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        prefetch: bool = True,
     ) -> None:
         super().__init__()
+        if not 0 <= rank < world_size:
+            raise ValueError(
+                f"ShardDataset: expected 0 <= rank < world_size, found rank={rank}, world_size={world_size}"
+            )
+        if isinstance(epochs, str) and epochs != "all":
+            raise ValueError(f"ShardDataset: epochs must be None, 'all' or epoch numbers, found {epochs!r}")
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
         self.mode: str = self.manifest["mode"]
-        wanted = None if epochs is None else set(epochs)
-        self.entries = [e for e in self.manifest["shards"] if wanted is None or e["epoch"] in wanted]
+        self.epochs = epochs if epochs is None or isinstance(epochs, str) else sorted(set(epochs))
         self.device = torch.device(device)
         self.as_dict = as_dict
         self.verify_checksums = verify_checksums
         self.tensordict = self.mode != "history" if tensordict is None else tensordict
+        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        self.prefetch = prefetch
+        self.set_epoch(0)
+
+    # ----------------------------------------------------------------------------------------- the pass's items
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the pass of training epoch ``epoch`` (call it before each epoch, as ``DistributedSampler``'s)."""
+        self.epoch = epoch
+        shards = self.manifest["shards"]
+        written = sorted({e["epoch"] for e in shards})
+        wanted = set(written if self.epochs == "all" else self.epochs or [written[epoch % len(written)]])
+        positions = [i for i, e in enumerate(shards) if e["epoch"] in wanted]  # manifest order
+        if self.shuffle:
+            positions = [positions[int(j)] for j in epoch_order(len(positions), self.seed, epoch)]
+        self.positions = positions[self.rank :: self.world_size]  # manifest index of each shard of the pass
+        self.entries = [shards[i] for i in self.positions]
+        self._offsets = list(itertools.accumulate((self._items(e) for e in self.entries), initial=0))
+        self._drop_cache()
 
     def _items(self, entry: dict[str, Any]) -> int:
         """Items one entry yields: one per step of a distillation shard, else one."""
@@ -183,30 +159,66 @@ class ShardDataset(IterableDataset):
         return 1
 
     def __len__(self) -> int:
-        """Items one pass yields (distillation batches: one per time step)."""
-        return sum(self._items(e) for e in self.entries)
+        """Items of one pass (distillation batches: one per time step)."""
+        return self._offsets[-1]
+
+    def __getitem__(self, index: int) -> Any:
+        size = len(self)
+        if not -size <= index < size:
+            raise IndexError(f"ShardDataset index {index} out of range for {size} items")
+        index %= size
+        shard = bisect.bisect_right(self._offsets, index) - 1
+        tensors, attrs = self._shard(shard, index)
+        entry = self.entries[shard]
+        if self.as_dict:
+            return {"file": entry["file"], "epoch": entry["epoch"], "mini_batch": entry["mini_batch"], **tensors}
+        if self.mode == "distillation":
+            return self._step(tensors, index - self._offsets[shard])
+        if self.mode == "history":
+            return self._history(tensors)
+        return self._batch(tensors, attrs, self.folder / entry["file"])
 
     def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        first = 0  # the pass's index of the entry's first item
-        for entry in self.entries:
-            count = self._items(entry)
-            mine = [i for i in range(count) if (first + i) % workers == worker]
-            first += count
-            if not mine:
-                continue
-            tensors, attrs = self.load(entry)
-            if self.as_dict:
-                yield {"file": entry["file"], "epoch": entry["epoch"], "mini_batch": entry["mini_batch"], **tensors}
-            elif self.mode == "distillation":
-                yield from (self._step(tensors, step) for step in mine)
-            elif self.mode == "history":
-                yield self._history(tensors)
-            else:
-                yield self._batch(tensors, attrs, self.folder / entry["file"])
+        return (self[i] for i in range(len(self)))
 
-    def load(self, entry: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    # ---------------------------------------------------------------------------------------- reading, prefetch
+    def _drop_cache(self) -> None:
+        _settle(self.__dict__.get("_ahead", {}))
+        self._current: tuple[int, Loaded] | None = None
+        self._ahead: dict[int, Future[Loaded]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for ``DataLoader`` workers without the thread and the shards in memory."""
+        state = dict(self.__dict__)
+        state.pop("_pool", None)
+        state["_current"], state["_ahead"] = None, {}
+        return state
+
+    def _shard(self, shard: int, index: int) -> Loaded:
+        """The loaded shard at position ``shard`` of the pass; then start reading the one this process needs next."""
+        if self._current is None or self._current[0] != shard:
+            pending = self._ahead.pop(shard, None)
+            self._current = (shard, pending.result() if pending is not None else self._load_position(shard))
+        if self.prefetch and get_worker_info() is None:  # DataLoader workers read ahead by themselves
+            following = self._offsets[shard + 1]
+            if following < len(self) and shard + 1 not in self._ahead:
+                if "_pool" not in self.__dict__:
+                    self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-prefetch")
+                    _PREFETCHING.add(self)
+                _settle(self._ahead)  # a read no longer wanted: cancelled, or finished before it is forgotten
+                self._ahead = {shard + 1: self._pool.submit(self._load_position, shard + 1)}
+        return self._current[1]
+
+    def _load_position(self, shard: int) -> Loaded:
+        """A shard of the pass loaded, its rows in this epoch's order where ``shuffle`` reorders them."""
+        tensors, attrs = self.load(self.entries[shard])
+        if self.shuffle and self.mode in ROW_SHUFFLED:
+            rows = next(iter(tensors.values())).shape[0]
+            order = epoch_order(rows, self.seed, self.epoch, stream=self.positions[shard] + 1).to(self.device)
+            tensors = {name: value[order] for name, value in tensors.items()}
+        return tensors, attrs
+
+    def load(self, entry: dict[str, Any]) -> Loaded:
         """One manifest entry's datasets as tensors on ``device``, and the shard's attributes."""
         path = self.folder / entry["file"]
         if self.verify_checksums:
@@ -220,10 +232,16 @@ class ShardDataset(IterableDataset):
                 raise _missing(path, name, f"a dataset of every {self.mode} shard")
         if not any(name.startswith("observations/") for name in arrays) and self.mode != "history":
             raise _missing(path, "observations", "one or more datasets observations/<key>")
-        if self.mode == "distillation" and arrays["dones"].shape[:1] != (self._items(entry),):
+        N = int(self.manifest["source"]["N"])
+        if self.mode == "distillation" and arrays["dones"].shape[:1] != (entry["rows"] // N,):
             found = f"{arrays['dones'].shape[:1]} steps"
-            raise RolloutError.field(path, "dones", f"{self._items(entry)} steps (the manifest's rows / N)", found)
-        return {name: torch.from_numpy(array).to(self.device) for name, array in arrays.items()}, attrs
+            raise RolloutError.field(path, "dones", f"{entry['rows'] // N} steps (the manifest's rows / N)", found)
+        tensors = {name: torch.from_numpy(array).to(self.device) for name, array in arrays.items()}
+        if _rows(self.mode, tensors) != entry["rows"]:
+            fix = "The manifest disagrees with its shard files; run `rolloutcli batch` again."
+            found = f"{_rows(self.mode, tensors)} rows"
+            raise RolloutError.field(path, "rows", f"{entry['rows']} rows (the manifest's)", found, fix)
+        return tensors, attrs
 
     def _observations(self, tensors: dict[str, torch.Tensor], batch_size: list[int]) -> Any:
         observations = {n.split("/", 1)[1]: v for n, v in tensors.items() if n.startswith("observations/")}
@@ -233,7 +251,7 @@ class ShardDataset(IterableDataset):
 
         return TensorDict(observations, batch_size=batch_size, device=self.device)
 
-    def _batch(self, tensors: dict[str, torch.Tensor], attrs: dict[str, Any], path: Path) -> RolloutStorage.Batch:
+    def _batch(self, tensors: dict[str, torch.Tensor], attrs: dict[str, Any], path: Path) -> Batch:
         """A feed-forward or recurrent shard as RSL-RL's Batch."""
         order = [_text(n) for n in attrs.get("distribution", {}).get("order", [])]
         for name in order:
@@ -247,7 +265,7 @@ class ShardDataset(IterableDataset):
             hidden.append(None if not states else states[0] if len(states) == 1 else tuple(states))
         masks = tensors.get("masks")
         batch_size = list(masks.shape) if masks is not None else [tensors["actions"].shape[0]]
-        return RolloutStorage.Batch(
+        return Batch(
             observations=self._observations(tensors, batch_size),
             actions=tensors["actions"],
             old_distribution_params=params,
@@ -263,11 +281,11 @@ class ShardDataset(IterableDataset):
         out.update({name: tensors[name] for name in ("window_dones", "window_env", "window_end")})
         return out
 
-    def _step(self, tensors: dict[str, torch.Tensor], step: int) -> RolloutStorage.Batch:
+    def _step(self, tensors: dict[str, torch.Tensor], step: int) -> Batch:
         """One step of a distillation shard ``[steps, N, ...]`` as a Batch (RSL-RL's ``generator()``)."""
         dones = tensors["dones"]
         observations = {n: v[step] for n, v in tensors.items() if n.startswith("observations/")}
-        return RolloutStorage.Batch(
+        return Batch(
             observations=self._observations(observations, [dones.shape[1]]),
             privileged_actions=tensors["privileged_actions"][step],
             dones=dones[step].unsqueeze(-1),

@@ -9,7 +9,6 @@ Beyond RSL-RL, a storage loaded from a file also carries ``time_outs [T, N, 1]``
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,7 @@ import torch
 
 from rolloutcli.core.batching import feedforward_order, parity_sizes, recurrent_groups, split_sizes
 from rolloutcli.core.trajectories import hidden_states_at_starts, split_and_pad_trajectories, trajectory_spans
-
-HiddenState = torch.Tensor | tuple[torch.Tensor, ...] | None
+from rolloutcli.minibatch import Batch, HiddenState
 
 
 def _is_tensordict(value: object) -> bool:
@@ -53,21 +51,7 @@ class RolloutStorage:
             self.privileged_actions: torch.Tensor | None = None
             self.hidden_states: tuple[HiddenState, HiddenState] = (None, None)
 
-    @dataclass
-    class Batch:
-        """A mini-batch as RSL-RL's generators yield it (fields are None where a mode has none)."""
-
-        observations: Mapping[str, torch.Tensor] | None = None
-        actions: torch.Tensor | None = None
-        values: torch.Tensor | None = None
-        advantages: torch.Tensor | None = None
-        returns: torch.Tensor | None = None
-        old_actions_log_prob: torch.Tensor | None = None
-        old_distribution_params: tuple[torch.Tensor, ...] | None = None
-        hidden_states: tuple[HiddenState, HiddenState] = (None, None)
-        masks: torch.Tensor | None = None
-        privileged_actions: torch.Tensor | None = None
-        dones: torch.Tensor | None = None
+    Batch = Batch  # RSL-RL's mini-batch type (rolloutcli.minibatch: a pytree dataclass with .to() and .pin_memory())
 
     def __init__(
         self,

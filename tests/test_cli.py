@@ -93,7 +93,7 @@ def test_every_help_ends_with_an_example_that_runs(tmp_path: Path, cli, monkeypa
         (["split", "{src}", "-o", "o.h5", "--max-length", str(10**30)], "'--max-length'"),
         (["gae", "{src}", "-o", "o.h5", "--gamma", "1.5"], "'--gamma'"),
         (["gae", "{src}", "-o", "o.h5", "--lam", "nan"], "'--lam'"),
-        (["batch", "{src}", "-o", "s"], "Missing option '--num-mini-batches'"),
+        (["batch", "{src}", "-o", "s"], "--batch-size B, found neither"),
         (["inspect", "{src}", "--device", "cpu"], "No such option: --device"),
         (["inspect", "{src}", "--debug"], "No such option: --debug"),
         (["gae", "{src}", "-o", "-"], "error: -o: expected a path, found '-'"),

@@ -270,7 +270,7 @@ def test_shard_dataset_reads_history_shards(source, tmp_path) -> None:
     src, arrays = source
     K = 3
     export(src, tmp_path / "h", history=K, num_mini_batches=4, epochs=2)
-    dataset = ShardDataset(tmp_path / "h", verify_checksums=True)
+    dataset = ShardDataset(tmp_path / "h", verify_checksums=True, epochs="all")
     assert len(dataset) == 8
     items = list(dataset)
     assert len(items) == 8
@@ -287,7 +287,7 @@ def test_shard_dataset_reads_history_shards(source, tmp_path) -> None:
     assert isinstance(first["observations"], TensorDict) and first["observations"].batch_size[1] == K
     raw = next(iter(ShardDataset(tmp_path / "h", as_dict=True)))
     assert {"file", "epoch", "mini_batch", "observations/policy", "window_end"} <= set(raw)
-    loaded = list(DataLoader(ShardDataset(tmp_path / "h"), batch_size=None, num_workers=2))
+    loaded = list(DataLoader(ShardDataset(tmp_path / "h", epochs="all"), batch_size=None, num_workers=2))
     assert sorted(int(i["window_env"].sum()) for i in loaded) == sorted(int(i["window_env"].sum()) for i in items)
 
 

@@ -39,11 +39,11 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_dataloader_workers_yield_every_shard_exactly_once(folders) -> None:
-    dataset = ShardDataset(folders["feedforward"], as_dict=True)
+    dataset = ShardDataset(folders["feedforward"], as_dict=True, epochs="all")
     assert len(dataset) == 12
     seen = [(item["epoch"], item["mini_batch"]) for item in DataLoader(dataset, batch_size=None, num_workers=2)]
     assert sorted(seen) == [(e, b) for e in range(3) for b in range(4)]
-    batches = list(DataLoader(ShardDataset(folders["feedforward"]), batch_size=None, num_workers=2))
+    batches = list(DataLoader(ShardDataset(folders["feedforward"], epochs="all"), batch_size=None, num_workers=2))
     rows = sorted(int(r) for b in batches for r in b.observations["policy"][:, 0])  # Batch objects cross processes
     assert len(rows) == 3 * T * N
 
@@ -78,15 +78,15 @@ def test_checksum_verification_detects_a_modified_shard(folders, tmp_path) -> No
 
     folder = tmp_path / "copy"
     shutil.copytree(folders["feedforward"], folder)
-    assert len(list(ShardDataset(folder, verify_checksums=True))) == 12
+    assert len(list(ShardDataset(folder, verify_checksums=True, epochs="all"))) == 12
     entry = json.loads((folder / "manifest.json").read_text())["shards"][5]
     path = folder / entry["file"]
     data = bytearray(path.read_bytes())
     data[-3] ^= 0xFF  # one bit pattern in the last dataset's data: still a readable HDF5 file
     path.write_bytes(bytes(data))
-    assert len(list(ShardDataset(folder))) == 12  # unverified: reads the damaged data silently
+    assert len(list(ShardDataset(folder, epochs="all"))) == 12  # unverified: reads the damaged data silently
     with pytest.raises(RolloutError, match="sha256"):
-        list(ShardDataset(folder, verify_checksums=True))
+        list(ShardDataset(folder, verify_checksums=True, epochs="all"))
 
 
 def test_manifest_problems_are_reported(folders, tmp_path) -> None:
@@ -154,4 +154,4 @@ def test_default_shards_equal_storage_generator_with_the_same_seed(tmp_path) -> 
     run_batch(src, tmp_path / "s", BatchOptions(7, epochs=2, seed=3), RunOptions())
     storage = RolloutStorage.from_hdf5(src)
     expected = storage.mini_batch_generator(7, 2, parity=False, generator=torch.Generator().manual_seed(3))
-    assert_batches(list(ShardDataset(tmp_path / "s")), list(expected))
+    assert_batches(list(ShardDataset(tmp_path / "s", epochs="all")), list(expected))

@@ -54,7 +54,7 @@ def test_ppo_update_from_shards_equals_update_on_rsl_rl_storage(tmp_path: Path) 
         ppo = PPO(copy.deepcopy(actor), copy.deepcopy(critic), rsl_storage(arrays), num_learning_epochs=2,
                   num_mini_batches=3)  # fmt: skip
         if source == "shards":
-            batches = list(ShardDataset(tmp_path / "ff"))
+            batches = list(ShardDataset(tmp_path / "ff", epochs="all"))
             assert isinstance(batches[0].observations, TensorDict)
             ppo.storage.mini_batch_generator = lambda *args, b=batches, **kwargs: iter(b)  # type: ignore[method-assign]
         torch.manual_seed(7)  # RSL-RL draws its order from the global RNG; the shards from seed 7
@@ -94,7 +94,7 @@ def test_distillation_steps_keep_their_order_through_dataloader_workers(tmp_path
     arrays = _arrays()
     src = write_rollout(tmp_path / "src.h5", arrays)
     run_batch(src, tmp_path / "d", BatchOptions(3, mode="distillation", epochs=2), RunOptions())
-    dataset = ShardDataset(tmp_path / "d")
+    dataset = ShardDataset(tmp_path / "d", epochs="all")
     single = list(dataset)
     loaded = list(DataLoader(dataset, batch_size=None, num_workers=workers))
     assert len(loaded) == len(single) == len(dataset) == 2 * T
@@ -106,5 +106,5 @@ def test_distillation_steps_keep_their_order_through_dataloader_workers(tmp_path
 def test_feedforward_items_keep_manifest_order_through_workers(tmp_path: Path) -> None:
     src = write_rollout(tmp_path / "src.h5", _arrays())
     run_batch(src, tmp_path / "ff", BatchOptions(4, epochs=2, seed=1), RunOptions())
-    items = list(DataLoader(ShardDataset(tmp_path / "ff", as_dict=True), batch_size=None, num_workers=3))
+    items = list(DataLoader(ShardDataset(tmp_path / "ff", as_dict=True, epochs="all"), batch_size=None, num_workers=3))
     assert [(i["epoch"], i["mini_batch"]) for i in items] == [(e, b) for e in range(2) for b in range(4)]

@@ -7,7 +7,7 @@ exports, how a block of the source becomes time-major rows and how a shard's row
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,9 @@ ORDER_TEXT = {
 class BatchOptions:
     """What ``batch`` exports: ``num_mini_batches`` M shards per epoch (feed-forward rows, recurrent env
     groups, distillation step ranges); epochs that share an order share their files. ``mode`` is
-    ``feedforward``, ``recurrent`` or ``distillation``; ``compression`` None, ``lzf`` or ``gzip``.
+    ``feedforward``, ``recurrent`` or ``distillation``; ``compression`` None, ``lzf`` or ``gzip``. With
+    ``batch_size`` B (and ``num_mini_batches`` 0), M = ceil(items / B): mini-batches of at most B items whose
+    sizes differ by at most one (exactly B when B divides the items).
     """
 
     num_mini_batches: int
@@ -60,6 +62,7 @@ class BatchOptions:
     rsl_parity: bool = False
     shuffle_envs: bool = False
     compression: str | None = None
+    batch_size: int | None = None  # instead of M: items per mini-batch (rows, envs or steps by mode), M from it
 
 
 def _check_options(options: BatchOptions) -> None:
@@ -68,6 +71,10 @@ def _check_options(options: BatchOptions) -> None:
         raise usage("--shuffle-envs: expected --recurrent (it reshuffles env groups), found another mode.")
     if options.shuffle_envs and options.rsl_parity:
         raise usage("--shuffle-envs: RSL-RL uses fixed env groups; drop --rsl-parity or --shuffle-envs.")
+    if (options.num_mini_batches > 0) == (options.batch_size is not None):
+        raise usage("batch: expected exactly one of --num-mini-batches/-m M and --batch-size B.")
+    if options.batch_size is not None and options.rsl_parity:
+        raise usage("--batch-size: RSL-RL is configured by its number of mini-batches; use -m M with --rsl-parity.")
     if options.rsl_parity and options.mode == "distillation":
         raise usage("--rsl-parity: distillation shards are always in RSL-RL's generator() order; drop it.")
 
@@ -89,14 +96,24 @@ def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
             fix = "Run `rolloutcli gae` first."
             problems = [problem_line(path, name, "a dataset [T, N]", "nothing", fix) for name in missing]
             raise RolloutError.many(path, problems)
-    limit = {"feedforward": (reader.T * reader.N, "rows (T*N)"), "recurrent": (reader.N, "envs (N)")}.get(
-        options.mode, (reader.T, "steps (T)")
-    )
+    limit = _items(reader, options.mode)
+    if options.batch_size is not None and options.batch_size > limit[0]:
+        raise usage(
+            f"--batch-size: expected at most {limit[0]} (the file's {limit[1]}), found {options.batch_size}; "
+            "a mini-batch cannot hold more than the data."
+        )
     if options.num_mini_batches > limit[0]:
         raise usage(
             f"--num-mini-batches: expected at most {limit[0]} (the file's {limit[1]}), "
             f"found {options.num_mini_batches}."
         )
+
+
+def _items(reader: RolloutReader, mode: str) -> tuple[int, str]:
+    """What a mode cuts into mini-batches: the count and its name."""
+    if mode == "feedforward":
+        return reader.T * reader.N, "rows (T*N)"
+    return (reader.N, "envs (N)") if mode == "recurrent" else (reader.T, "steps (T)")
 
 
 def _fields(reader: RolloutReader, mode: str) -> list[Field]:
@@ -167,6 +184,8 @@ def _shard_tensors(
 def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
     """``batch``'s export job for this source (checked against the options first)."""
     _check_source(reader, options)
+    if options.batch_size is not None:
+        options = replace(options, num_mini_batches=-(-_items(reader, options.mode)[0] // options.batch_size))
     T, N = reader.T, reader.N
     fields = _fields(reader, options.mode)
     plan = plan_batches(
@@ -190,7 +209,10 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
     attrs = reader.schema.attrs  # what a gae run recorded in the source (None where it recorded nothing)
     gae = {"gamma": attrs.get("gae_gamma"), "lambda": attrs.get("gae_lambda")}
     gae |= {name: attrs.get(name) for name in ("advantages_normalized", "timeouts_bootstrapped")}
-    options_record = {key: value for key, value in asdict(options).items() if key != "mode"}
+    record = asdict(options)
+    if options.batch_size is None:  # manifests of -m runs stay as they were
+        del record["batch_size"]
+    options_record = {key: value for key, value in record.items() if key != "mode"}
     return ExportJob(
         mode=options.mode,
         fields=fields,

@@ -1,0 +1,104 @@
+"""``RolloutDataset`` / ``TrajectoryDataset``: row-level datasets over rollout files, fed by ``DataLoader``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from rollout_factory import write_rollout
+from tensordict import TensorDict
+from test_batching import full_arrays
+from torch.utils.data import DataLoader
+
+from rolloutcli import RolloutDataset, RolloutError, TrajectoryDataset
+from rolloutcli.core.trajectories import trajectory_spans
+from rolloutcli.minibatch import Batch
+
+T, N = 40, 16
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("rows")
+    arrays = [full_arrays(T, N, hidden="lstm", seed=s) for s in (0, 1)]
+    arrays[1]["observations/policy"] += 100_000  # rows of the second file are told apart
+    paths = [write_rollout(root / f"run{i}.h5", a) for i, a in enumerate(arrays)]
+    return root, paths, arrays
+
+
+def row_ids(batch: Batch) -> list[int]:
+    values = batch.observations["policy"][:, 0].round().long()
+    return (values // 100_000 * T * N + values % 100_000 // 1000 * N + values % 1000).tolist()
+
+
+def test_rows_items_and_errors(files) -> None:
+    _, paths, arrays = files
+    dataset = RolloutDataset(paths[0])
+    assert len(dataset) == T * N
+    item = dataset[3 * N + 5]  # row t * N + n
+    assert isinstance(item, Batch) and item.actions.shape == (1, 2) and item.advantages.shape == (1, 1)
+    assert torch.equal(item.actions[0], torch.from_numpy(arrays[0]["actions"][3, 5]))
+    assert torch.equal(item.old_distribution_params[1][0], torch.from_numpy(arrays[0]["distribution/std"][3, 5]))
+    assert isinstance(item.observations, TensorDict) and item.hidden_states == (None, None)
+    with pytest.raises(IndexError, match=f"out of range for {T * N} items"):
+        dataset[T * N]
+    assert torch.equal(dataset[-1].actions, dataset[T * N - 1].actions)
+    narrow = RolloutDataset(paths[0], fields=["observations/policy", "advantages"])
+    assert narrow[0].actions is None and set(narrow[0].observations.keys()) == {"policy"}
+    with pytest.raises(RolloutError, match="field 'rewards_typo'"):
+        RolloutDataset(paths[0], fields=["rewards_typo"])
+
+
+def test_dataloader_sees_every_row_once_per_epoch(files) -> None:
+    root, paths, arrays = files
+    dataset = RolloutDataset(root)  # a folder of files: 2 * T * N rows
+    assert len(dataset) == 2 * T * N and dataset.paths == paths
+    loader = DataLoader(dataset, batch_size=256, shuffle=True, num_workers=2)
+    for _ in range(2):
+        seen = []
+        for batch in loader:
+            assert isinstance(batch, Batch) and batch.values.shape == (batch.actions.shape[0], 1)
+            ids = row_ids(batch)
+            file, rest = np.divmod(np.array(ids), T * N)
+            t, n = np.divmod(rest, N)
+            for name in ("actions", "advantages"):  # each row's fields belong together
+                expected = np.stack([arrays[f][name][a, b] for f, a, b in zip(file, t, n, strict=True)])
+                got = getattr(batch, name).numpy()
+                assert np.array_equal(got.reshape(expected.shape), expected)
+            seen += ids
+        assert sorted(seen) == list(range(2 * T * N))  # every row exactly once per epoch
+
+
+def test_trajectories_padded_per_batch(files) -> None:
+    _, paths, arrays = files
+    dataset = TrajectoryDataset(paths[0])
+    spans = trajectory_spans(torch.from_numpy(arrays[0]["dones"]))
+    assert len(dataset) == spans.env.numel()
+    k = int(torch.argmax(spans.length))
+    env, start, length = int(spans.env[k]), int(spans.start[k]), int(spans.length[k])
+    item = dataset[k]
+    assert item.masks.shape == (length, 1) and item.actions.shape == (length, 1, 2)
+    assert torch.equal(item.actions[:, 0], torch.from_numpy(arrays[0]["actions"][start : start + length, env]))
+    h, c = item.hidden_states[0]  # LSTM: (h, c) at the first step, [layers, 1, H]
+    assert torch.equal(h[:, 0], torch.from_numpy(arrays[0]["hidden_states/actor/0"][start, :, env]))
+    assert c.shape == (2, 1, 3)
+    lengths = []
+    for batch in DataLoader(dataset, batch_size=8, shuffle=True, num_workers=2):
+        L, M = batch.masks.shape
+        assert batch.observations.batch_size == (L, M) and batch.hidden_states[1][0].shape == (2, M, 3)
+        assert L == int(batch.masks.sum(0).max())  # padded to the longest of the batch
+        assert not batch.actions[~batch.masks].any()
+        lengths += batch.masks.sum(0).tolist()
+    assert sorted(lengths) == sorted(spans.length.tolist())
+
+
+def test_fields_larger_than_the_cache_are_read_by_steps(files) -> None:
+    _, paths, _ = files
+    cached, direct = RolloutDataset(paths[0]), RolloutDataset(paths[0], cache_bytes=0)
+    rows = [5, 3 * N + 1, 5, T * N - 1, 0]  # any order, repeats allowed
+    for a, b in zip(cached.__getitems__(rows), direct.__getitems__(rows), strict=True):
+        assert torch.equal(a.actions, b.actions) and torch.equal(a.observations["critic"], b.observations["critic"])
+        assert torch.equal(a.old_distribution_params[0], b.old_distribution_params[0])
+    k = len(TrajectoryDataset(paths[0])) - 1
+    a, b = TrajectoryDataset(paths[0])[k], TrajectoryDataset(paths[0], cache_bytes=0)[k]
+    assert torch.equal(a.values, b.values) and torch.equal(a.hidden_states[1][1], b.hidden_states[1][1])
