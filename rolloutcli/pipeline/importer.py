@@ -171,7 +171,7 @@ def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: P
         if copy.single:
             out.write(copy.out, (), block[0])
         else:
-            out.write(copy.out, (target, 0) if copy.lane else (target,), block)
+            out.write(copy.out, (target,), block[:, None] if copy.lane else block)
         progress.advance()
     for name, array in plan.arrays.items():
         out.put(name, array)
