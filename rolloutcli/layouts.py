@@ -268,6 +268,8 @@ def _robomimic(path: object, listing: Listing, read: Reader) -> Plan:
         recorded.append(done is not None)
         episodes.append(ep)
     plan = _lay_out(path, "robomimic", episodes, listing)
+    demos = re.compile(r"^data/demo_\d+/")
+    plan.verbatim.update({n: _carried(n) for n in listing if not demos.match(n)})  # mask/<filter key>, ...
     if "rewards" not in plan.datasets:
         plan.arrays["rewards"] = np.zeros((plan.T, 1), np.float32)
         plan.attrs["rewards_recorded"] = False  # Isaac Lab demos store no rewards: zeros stand in

@@ -65,6 +65,7 @@ def make_robomimic(path: Path, lengths: list[int], *, next_obs: bool = True, rew
             demo["initial_state/joint"] = np.full((1, 3), k, np.float32)
             demo.attrs["num_samples"] = L
             first += L
+        f["mask/train"] = np.array([f"demo_{k}".encode() for k in range(len(lengths))])
     return path
 
 

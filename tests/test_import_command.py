@@ -79,6 +79,8 @@ def test_robomimic_round_trip(tmp_path: Path, cli) -> None:
         assert np.array_equal(f["final_observations/pos"][ends, 0], obs_rows(0, 9)[ends] + 5)
         assert f["final_observations/img"][ends, 0, 0, 0].tolist() == [100, 101, 102]
         assert f["states"].shape == (9, 1, 4) and f["initial_state/joint"][[0, 3, 5], 0, 0].tolist() == [0, 1, 2]
+        assert f["mask/train"][:].tolist() == [b"demo_0", b"demo_1", b"demo_2"]
+        assert f.attrs["source_env_args"] == '{"env_name": "Lift"}'
     back = _episodes_back(tmp_path / "out.h5", tmp_path)
     assert [len(e["actions"]) for e in back] == lengths
     assert np.array_equal(back[2]["observations/pos"], obs_rows(5, 4))

@@ -117,6 +117,9 @@ def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
         )
     if meta:
         plan.attrs["source_metadata"] = json.dumps(meta, sort_keys=True)
+    group = "data" if layout == "robomimic" else ""  # robomimic keeps env_args on its data group
+    if isinstance(source, H5Input):
+        plan.attrs.update({f"source_{k}": v for k, v in source.attrs_of(group).items()})
     return plan
 
 
