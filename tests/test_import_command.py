@@ -9,6 +9,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from import_factory import make_d4rl, make_ikostrikov, make_minari, make_robomimic, obs_rows, write_arrays
 
 from rolloutcli.pipeline.options import RunOptions
@@ -150,6 +152,28 @@ def test_ikostrikov_round_trip(tmp_path: Path, cli, saved: str) -> None:
         assert np.array_equal(f["actions_log_prob"][:], arrays["action_log_probs"])
     code, _, err = cli("gae", tmp_path / "out.h5", "-o", tmp_path / "gae.h5", "-q")
     assert code == 0, err
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    timeouts=st.sets(st.integers(0, 5)),
+    cut_last=st.booleans(),
+)
+def test_d4rl_episodes_come_back_whole(tmp_path_factory, lengths: list[int], timeouts: set, cut_last: bool) -> None:
+    """Property: any episode lengths, ends and a cut last episode: split gives back each episode exactly."""
+    folder = tmp_path_factory.mktemp("d4rl")
+    src = make_d4rl(folder / "d4rl.hdf5", lengths, timeout_at=tuple(timeouts), cut_last=cut_last)
+    from rolloutcli.pipeline.importer import run_import
+
+    summary = run_import(src, folder / "out.h5", "auto", RunOptions(max_memory=1024))
+    assert summary["episodes"] == len(lengths) and summary["T"] == sum(lengths)
+    back = _episodes_back(folder / "out.h5", folder)
+    starts = np.cumsum([0, *lengths[:-1]])
+    assert [len(e["rewards"]) for e in back] == lengths
+    for episode, start, length in zip(back, starts, lengths, strict=True):
+        assert np.array_equal(episode["observations/policy"], obs_rows(start, length))
+        assert np.array_equal(episode["rewards"], np.arange(start, start + length, dtype=np.float32))
 
 
 def test_small_budget_gives_same_bytes(tmp_path: Path, cli) -> None:
