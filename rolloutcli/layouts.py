@@ -195,6 +195,11 @@ def _minari(path: object, listing: Listing, read: Reader) -> Plan:
     episodes = []
     for group in _episode_groups(listing, r"^episode_(\d+)(?=/)"):
         need = [f"{group}/{n}" for n in ("actions", "rewards", "terminations", "truncations")]
+        if any(name.startswith(f"{group}/actions/") for name in listing):
+            raise RolloutError(
+                f"{path}: episode '{group}': expected one actions dataset, found dict actions "
+                "(a group); they have no place in the rollout format."
+            )
         missing = [n for n in need if n not in listing]
         observations = _datasets_under(listing, f"{group}/observations")
         if missing or not observations:
@@ -202,9 +207,9 @@ def _minari(path: object, listing: Listing, read: Reader) -> Plan:
                 f"{path}: episode '{group}': expected {', '.join(need)} and observations, "
                 f"found {', '.join(missing) or 'no observations'} missing."
             )
-        if f"{group}/actions" not in listing:
-            raise RolloutError(f"{path}: episode '{group}': dict actions are not supported.")
-        length = listing[f"{group}/rewards"].shape[0]
+        length = listing[f"{group}/rewards"].shape[0] if listing[f"{group}/rewards"].shape else 0
+        if length == 0:
+            raise RolloutError(f"{path}: episode '{group}': expected at least one step, found 0.")
         ep = Episode(group, length)
         for n in ("actions", "rewards"):
             ep.steps[n] = (f"{group}/{n}", 0)
@@ -248,6 +253,7 @@ def _robomimic(path: object, listing: Listing, read: Reader) -> Plan:
             )
         length = listing[f"{group}/actions"].shape[0]
         ep = Episode(group, length, {"actions": (f"{group}/actions", 0)})
+        extra = {}
         for name, src in _datasets_under(listing, group).items():
             top, _, key = name.partition("/")
             rows = listing[src].shape[0] if listing[src].shape else 0
@@ -255,13 +261,14 @@ def _robomimic(path: object, listing: Listing, read: Reader) -> Plan:
                 ep.steps[_obs_name("observations", key)] = (src, 0)
             elif top == "next_obs":
                 ep.ends[_obs_name("final_observations", key)] = (src, length - 1)
+                extra[src] = 0
             elif name in ("rewards", "dones"):
                 ep.steps[name if name == "rewards" else "recorded_dones"] = (src, 0)
             elif rows == 1 and length != 1:
                 ep.starts[name] = src  # one row per demo (initial_state/...): at its first step
             elif name != "actions":
                 ep.steps[name] = (src, 0)
-        _check_lengths(path, ep, listing, {})
+        _check_lengths(path, ep, listing, extra)
         done = read(f"{group}/dones") if f"{group}/dones" in listing else None
         ep.terminated = bool(done is not None and length and done.reshape(length, -1)[-1].any())
         ep.truncated = not ep.terminated  # a demo that stops without its done flag was cut short

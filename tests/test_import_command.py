@@ -210,6 +210,23 @@ def test_episode_lengths_disagree(tmp_path: Path, cli) -> None:
     _refused(cli, tmp_path, src, 1, "episode 'data/demo_1'", "data/demo_1/states", "5 rows, expected 2")
 
 
+def test_robomimic_next_obs_length_disagrees(tmp_path: Path, cli) -> None:
+    src = make_robomimic(tmp_path / "demo.hdf5", [3, 4])
+    with h5py.File(src, "a") as f:
+        del f["data/demo_1/next_obs/pos"]
+        f["data/demo_1/next_obs/pos"] = np.zeros((2, 3), np.float32)
+    _refused(cli, tmp_path, src, 1, "episode 'data/demo_1'", "next_obs/pos' has 2 rows, expected 4")
+
+
+def test_minari_empty_episode(tmp_path: Path, cli) -> None:
+    folder, _ = make_minari(tmp_path / "minari", 2)
+    with h5py.File(folder / "data" / "main_data.hdf5", "a") as f:
+        for name in ("actions", "rewards", "terminations", "truncations", "observations"):
+            del f[f"episode_1/{name}"]
+            f[f"episode_1/{name}"] = np.zeros((1, 4) if name == "observations" else (0,))
+    _refused(cli, tmp_path, folder, 1, "episode 'episode_1': expected at least one step, found 0")
+
+
 def test_minari_episode_lengths_disagree(tmp_path: Path, cli) -> None:
     folder, _ = make_minari(tmp_path / "minari", 2)
     with h5py.File(folder / "data" / "main_data.hdf5", "a") as f:
