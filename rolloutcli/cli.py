@@ -37,6 +37,7 @@ from rolloutcli.cli_common import (
     flag,
     run_options,
 )
+from rolloutcli.cli_import import import_command
 from rolloutcli.errors import (
     EXIT_HANGUP,
     EXIT_INTERRUPTED,
@@ -190,6 +191,9 @@ def split(
 app.command(
     epilog=_example("rolloutcli batch run_gae.h5 -o shards --num-mini-batches 4 --recurrent --epochs 2"),
 )(batch)
+app.command(name="import", epilog=_example("rolloutcli import d4rl_hopper.hdf5 -o hopper.h5 --max-memory 256M"))(
+    import_command
+)
 
 
 class _Signalled(BaseException):

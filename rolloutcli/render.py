@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -124,8 +125,24 @@ class RichProgress(Progress):
             stderr.print(f"warning: {one_line(message)}")
 
 
+def _table(title: str, columns: tuple[str, ...], right: tuple[str, ...] = (), fold: tuple[str, ...] = ()) -> Table:
+    """A borderless table; only the ``fold`` columns may wrap (folded, never cut), so it fits 80 columns."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    for column in columns:
+        justify = "right" if column in right else "left"
+        table.add_column(column, justify=justify, overflow="fold", no_wrap=column not in fold)
+    return table
+
+
+def _shape(shape: list[int]) -> str:
+    return "x".join(str(d) for d in shape) or "scalar"
+
+
 def render_inspect(console: Console, report: dict[str, Any]) -> None:
     """Print an ``inspect`` report: header, fields, episodes and histogram, statistics, warnings."""
+    if not report["contract"]:
+        render_tree(console, report)
+        return
     fmt = report["format"]
     console.print(
         Text.assemble(
@@ -134,19 +151,24 @@ def render_inspect(console: Console, report: dict[str, Any]) -> None:
             f"format={fmt['name'] or 'unlabelled'} v{fmt['version'] or '-'}",
         )
     )
-    fields = Table(title="fields", title_justify="left")
-    for column in ("dataset", "role", "shape", "dtype", "chunks", "compression", "size"):
-        fields.add_column(column, no_wrap=column in ("dataset", "shape"))
+    fields = _table(
+        "fields",
+        ("dataset", "shape", "dtype", "chunks", "filters", "size"),
+        ("size",),
+        ("dataset", "chunks", "filters"),
+    )
     for spec in report["fields"]:
-        chunks = str(tuple(spec["chunks"])) if spec["chunks"] else "contiguous"
-        row = (spec["name"], spec["role"], str(tuple(spec["shape"])), spec["dtype"], chunks, spec["compression"])
-        fields.add_row(*(Text(str(cell or "-")) for cell in row), _size(spec["nbytes"]))
+        chunks = _shape(spec["chunks"]) if spec["chunks"] else "contiguous"
+        row = (spec["name"], _shape(spec["shape"]), spec["dtype"], chunks, spec["compression"] or "-")
+        fields.add_row(*(Text(str(cell)) for cell in row), _size(spec["nbytes"]))
     console.print(fields)
     _episodes(console, report["episodes"])
 
-    stats = Table(title="statistics", title_justify="left")
-    for column in ("field", "mean", "std", "min", "max", "non-finite"):
-        stats.add_column(column, justify="right")
+    stats = _table(
+        "statistics",
+        ("field", "mean", "std", "min", "max", "non-finite"),
+        right=("mean", "std", "min", "max", "non-finite"),
+    )
     for name in ("rewards", "values", "last_values", "advantages", "returns"):
         moments = report.get(name)
         if moments:
@@ -164,6 +186,53 @@ def render_inspect(console: Console, report: dict[str, Any]) -> None:
     )
     if report["extras"]:
         console.print("extra datasets (carried along): " + ", ".join(report["extras"]))
+    _attrs_and_nonfinite(console, report)
+    for warning in report["warnings"]:
+        console.print(Text.assemble(("warning", "yellow"), f": {warning}"))
+
+
+def _attrs_and_nonfinite(console: Console, report: dict[str, Any]) -> None:
+    _attr_lines(console, "root attributes", report["attrs"])
+    for bad in report["nonfinite"]:
+        where = f"step {bad['first_step']}" + (f", env {bad['first_env']}" if bad["first_env"] is not None else "")
+        console.print(f"non-finite: {bad['dataset']}: {bad['count']} values, first at {where}")
+
+
+def _attr_lines(console: Console, title: str, attrs: dict[str, Any], width: int = 80) -> None:
+    """Attributes one per line, each cut to ``width`` columns (--json has them whole)."""
+    if attrs:
+        console.print(f"{title}:")
+    for key, value in attrs.items():
+        line = f"  {key} = {value}"
+        console.print(line if len(line) <= width else line[: width - 3] + "...")
+
+
+def render_tree(console: Console, report: dict[str, Any]) -> None:
+    """Print the tree of a file outside the contract, then the line that says what to do with it."""
+    console.print(Text.assemble((report["file"], "bold"), f"  {report['kind']}  (not a rollout file)"))
+    if report["tree"]:
+        tree = _table("objects", ("path", "shape", "dtype", "chunks", "filters"), fold=("path", "chunks", "filters"))
+        for entry in report["tree"]:
+            dataset = "shape" in entry
+            chunks = _shape(entry["chunks"]) if entry.get("chunks") else "contiguous" if dataset else ""
+            cells = (
+                entry["path"],
+                _shape(entry["shape"]) if dataset else "group",
+                entry.get("dtype", ""),
+                chunks,
+                entry.get("compression") or ("-" if dataset else ""),
+            )
+            tree.add_row(*(Text(c) for c in cells))
+        console.print(tree)
+        if report["objects"] > len(report["tree"]):
+            console.print(f"... {report['objects'] - len(report['tree'])} more objects (--json lists the first ones)")
+        for entry in report["tree"]:
+            _attr_lines(console, f"attributes of {entry['path']}", entry["attrs"])
+    else:
+        _attr_lines(console, "attributes", report["attrs"])
+    for bad in report["nonfinite"]:
+        first = f"row {bad['first_step']}" + (f", column {bad['first_env']}" if bad["first_env"] is not None else "")
+        console.print(f"non-finite: {bad['dataset']}: {bad['count']} values, first at {first}")
     for warning in report["warnings"]:
         console.print(Text.assemble(("warning", "yellow"), f": {warning}"))
 

@@ -43,8 +43,8 @@ class Command:
         args: argv for ``(input, output)``; commands without an output ignore the second argument.
         output: ``"file"``, ``"folder"`` or None (results on stdout only).
         in_place: the command replaces its input (the input *is* the output).
-        source: the file it reads: ``"rollout"``, ``"gae"`` (a rollout with advantages and returns) or
-            ``"split"`` (a file written by ``split``).
+        source: the file it reads: ``"rollout"``, ``"gae"`` (a rollout with advantages and returns),
+            ``"split"`` (a file written by ``split``) or ``"d4rl"`` (a D4RL-style flat file, for ``import``).
         strict: extra arguments that turn value problems into failures (``inspect --strict``).
     """
 
@@ -77,6 +77,7 @@ COMMANDS: dict[str, Command] = {
     "split": Command(lambda s, d: ["split", s, "-o", d]),
     "split --unpad": Command(lambda s, d: ["split", "--unpad", s, "-o", d], source="split"),
     "batch": Command(lambda s, d: ["batch", s, "-o", d, "-m", "4"], output="folder", source="gae"),
+    "import": Command(lambda s, d: ["import", s, "-o", d], source="d4rl"),
 }
 WRITERS = [name for name, command in COMMANDS.items() if command.writes]
 ROLLOUT_READERS = [name for name, command in COMMANDS.items() if command.source in ("rollout", "gae")]
@@ -121,7 +122,25 @@ def input_from_arrays(
         finally:
             rollout.unlink()
         return path
+    if source == "d4rl":
+        return write_rollout(path, d4rl_arrays(arrays), attrs, **dataset_options)
     raise ValueError(source)
+
+
+def d4rl_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Rollout ``arrays`` as a D4RL-style flat file: each env's steps in turn (env-major), observations as a
+    group, rewards ``[T*N, 1]``, ``terminals`` and ``timeouts`` from dones and time-outs, ``values`` carried."""
+    flat = {}
+    for name in ("observations/policy", "observations/critic", "actions", "rewards", "values"):
+        if name in arrays:
+            value = arrays[name]
+            flat[name] = np.swapaxes(value, 0, 1).reshape(-1, *value.shape[2:])
+    if "rewards" in flat:
+        flat["rewards"] = flat["rewards"].reshape(-1, 1)
+    dones = np.swapaxes(arrays["dones"], 0, 1).reshape(-1).astype(bool)
+    time_outs = np.swapaxes(arrays["time_outs"], 0, 1).reshape(-1).astype(bool)
+    flat["terminals"], flat["timeouts"] = dones & ~time_outs, time_outs
+    return flat
 
 
 def repack(path: Path, **dataset_options: Any) -> Path:

@@ -34,8 +34,9 @@ class EpisodeStats:
     trajectories: int = 0
 
     @classmethod
-    def of(cls, dones: object, time_outs: object | None = None) -> EpisodeStats:
-        """Statistics of one env block; ``dones``/``time_outs`` ``[T, n]`` 0/1 (arrays or tensors)."""
+    def of(cls, dones: object, time_outs: object | None = None, from_reset: bool = False) -> EpisodeStats:
+        """Statistics of one env block; ``dones``/``time_outs`` ``[T, n]`` 0/1 (arrays or tensors);
+        ``from_reset``: every env's first step starts an episode (``recorded_from_reset``), so none is partial."""
         ended = host_array(dones).astype(bool)
         T, n = ended.shape
         per_env = ended.sum(axis=0)
@@ -45,7 +46,9 @@ class EpisodeStats:
         env_index, step_index = np.nonzero(ended.T)
         first_of_env = np.ones(env_index.shape, dtype=bool)
         first_of_env[1:] = env_index[1:] != env_index[:-1]
-        lengths = np.diff(step_index, prepend=0)[~first_of_env]  # episodes whose start lies in the recording
+        lengths = step_index - np.where(first_of_env, -1, np.roll(step_index, 1))
+        partial = first_of_env & (not from_reset)  # started before the recording: length unknown
+        lengths = lengths[~partial]
         counts = np.bincount(lengths, minlength=T + 1)[: T + 1].astype(np.int64)
         return cls(
             T,
@@ -53,7 +56,7 @@ class EpisodeStats:
             completed,
             completed - timeouts,
             timeouts,
-            int(first_of_env.sum()),
+            int(partial.sum()),
             int((~ended[-1]).sum()),
             per_env.tolist(),
             int(ended[:-1].sum()) + n,

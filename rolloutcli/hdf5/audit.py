@@ -21,6 +21,9 @@ from rolloutcli.hdf5.limits import SafetyOptions
 
 # gzip 1, shuffle 2, fletcher32 3, scaleoffset 6, lzf 32000: built into h5py, no plugin search.
 ALLOWED_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 6: "scaleoffset", 32000: "lzf"}
+# Registered HDF5 plugin filters (https://portal.hdfgroup.org/documentation/hdf5-docs/registered_filter_plugins)
+PLUGIN_FILTERS = {307: "bzip2", 32001: "blosc", 32004: "lz4", 32008: "bitshuffle", 32013: "zfp", 32015: "zstd",
+                  32026: "blosc2"}  # fmt: skip
 FLETCHER32_BYTES = 4  # a fletcher32 chunk shorter than its checksum crashes libhdf5 when read
 
 
@@ -73,9 +76,11 @@ def _layout_problem(dataset: h5py.Dataset, options: SafetyOptions) -> str | None
     filters = _filter_ids(dataset)
     unknown = [f for f in filters if f not in ALLOWED_FILTERS]
     if unknown:
+        name = f" ({PLUGIN_FILTERS[unknown[0]]})" if unknown[0] in PLUGIN_FILTERS else ""
         return (
-            f"expected filters gzip/shuffle/fletcher32/lzf/scaleoffset, found unknown filter id {unknown[0]}; "
-            "refusing (it would load plugin code). Re-save the file with a standard filter."
+            f"expected filters gzip/shuffle/fletcher32/lzf/scaleoffset, found unknown filter id {unknown[0]}{name}; "
+            "refusing (it would load plugin code). Re-save the file with a standard filter: "
+            f"h5repack -f NONE {dataset.file.filename} plain.h5 (with the plugin installed)."
         )
     end = 0
     if dataset.chunks is not None:

@@ -13,7 +13,9 @@ from typing import Any
 from rolloutcli.core.stats import EpisodeStats, Moments
 from rolloutcli.errors import RolloutError
 from rolloutcli.fields import by_flag
-from rolloutcli.hdf5.reader import RolloutReader
+from rolloutcli.hdf5.reader import H5Input, RolloutReader
+from rolloutcli.hdf5.schema import describe
+from rolloutcli.pipeline.inspect_tree import env_major_warnings, folder_report, nonfinite, tree_report
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
 
@@ -44,54 +46,89 @@ def hidden_layout(reader: RolloutReader) -> dict[str, dict[str, Any]]:
     return layout
 
 
+OTHER_FORMATS = ("trajectories", "shard")  # rolloutcli's own outputs that are not rollout files
+
+
 def run_inspect(path: Path, options: RunOptions, progress: Progress | None = None) -> dict[str, Any]:
-    """Summarise ``path``; structural problems raise ``RolloutError``, value problems become warnings."""
+    """Summarise ``path``: a rollout file in full; any other HDF5 file it can open safely (or a shard folder) as
+    its tree with the one line that says what is missing (``contract`` false). Unsafe or unreadable files raise
+    ``RolloutError``; value problems become warnings."""
     progress = progress or Progress()
-    with RolloutReader(path, options.safety, check=False, budget=options.max_memory) as reader:
-        schema = reader.schema
-        warnings: list[str] = []
-        try:
-            reader.check_values()
-        except RolloutError as error:
-            warnings.extend(error.problems)
-        episodes, moments = _scan(reader, progress)
-        input_bytes, padded_bytes = padded_split_bytes(reader, episodes.trajectories)
-        blowup = padded_bytes / max(input_bytes, 1)
-        gae = {k: schema.attrs[k] for k in GAE_ATTRS if k in schema.attrs}
-        warnings.extend(_warnings(reader, blowup, gae))
-        return {
-            "file": str(path),
-            "size_bytes": os.path.getsize(path),
-            "format": {"name": schema.attrs.get("rolloutcli_format"), "version": schema.attrs.get("format_version")},
-            "T": schema.T,
-            "N": schema.N,
-            "fields": [
-                {
-                    "name": spec.name,
-                    "role": spec.role,
-                    "shape": list(spec.shape),
-                    "dtype": str(spec.dtype),
-                    "chunks": list(spec.chunks) if spec.chunks else None,
-                    "compression": spec.compression,
-                    "nbytes": spec.nbytes,
-                }
-                for spec in schema.fields.values()
-            ],
-            "observations": dict(schema.observation_keys),
-            "extras": schema.names("extra"),
-            "episodes": _episodes_report(episodes),
-            **{name: moments[name].as_dict() if name in moments else None for name in MOMENT_FIELDS},
-            "hidden_states": hidden_layout(reader),
-            "gae": gae or None,
-            "split": {
-                "trajectories": episodes.trajectories,
-                "input_bytes": input_bytes,
-                "padded_bytes": padded_bytes,
-                "blowup": blowup,
-            },
-            "attrs": schema.attrs,
-            "warnings": warnings,
-        }
+    if Path(path).is_dir():
+        return folder_report(Path(path))
+    try:
+        reader = RolloutReader(path, options.safety, check=False, budget=options.max_memory)
+    except RolloutError as error:
+        if error.exit_code != 1:
+            raise
+        return _outside(path, options, error)
+    if reader.attrs.get("rolloutcli_format") in OTHER_FORMATS:
+        reader.close()
+        return _outside(path, options, None)
+    with reader:
+        return _report(path, reader, options, progress)
+
+
+def _outside(path: Path, options: RunOptions, error: RolloutError | None) -> dict[str, Any]:
+    """The tree report of a file ``describe`` refuses (or another rolloutcli format); a file that cannot even
+    be opened raises as before."""
+    with H5Input(path, options.safety) as source:
+        problems = describe(path, source.datasets, source.attrs)[1]
+        if error is not None and not problems:
+            raise error
+        return tree_report(path, source, problems, options.max_memory)
+
+
+def _report(path: Path, reader: RolloutReader, options: RunOptions, progress: Progress) -> dict[str, Any]:
+    schema = reader.schema
+    warnings: list[str] = []
+    try:
+        reader.check_values()
+    except RolloutError as error:
+        warnings.extend(error.problems)
+    episodes, moments = _scan(reader, progress)
+    input_bytes, padded_bytes = padded_split_bytes(reader, episodes.trajectories)
+    blowup = padded_bytes / max(input_bytes, 1)
+    gae = {k: schema.attrs[k] for k in GAE_ATTRS if k in schema.attrs}
+    warnings.extend(_warnings(reader, blowup, gae))
+    warnings.extend(env_major_warnings(path, schema.T, episodes.per_env, schema.attrs))
+    floats = [n for n in schema.step_names() if schema.fields[n].dtype.kind == "f"]
+    return {
+        "file": str(path),
+        "contract": True,
+        "kind": "rollout",
+        "size_bytes": os.path.getsize(path),
+        "format": {"name": schema.attrs.get("rolloutcli_format"), "version": schema.attrs.get("format_version")},
+        "T": schema.T,
+        "N": schema.N,
+        "fields": [
+            {
+                "name": spec.name,
+                "role": spec.role,
+                "shape": list(spec.shape),
+                "dtype": str(spec.dtype),
+                "chunks": list(spec.chunks) if spec.chunks else None,
+                "compression": spec.compression,
+                "nbytes": spec.nbytes,
+            }
+            for spec in schema.fields.values()
+        ],
+        "observations": dict(schema.observation_keys),
+        "extras": schema.names("extra"),
+        "episodes": _episodes_report(episodes),
+        **{name: moments[name].as_dict() if name in moments else None for name in MOMENT_FIELDS},
+        "hidden_states": hidden_layout(reader),
+        "gae": gae or None,
+        "split": {
+            "trajectories": episodes.trajectories,
+            "input_bytes": input_bytes,
+            "padded_bytes": padded_bytes,
+            "blowup": blowup,
+        },
+        "attrs": schema.attrs,
+        "nonfinite": nonfinite(reader, floats, options.max_memory),
+        "warnings": warnings,
+    }
 
 
 def _episodes_report(episodes: EpisodeStats) -> dict[str, Any]:
@@ -113,12 +150,13 @@ def _scan(reader: RolloutReader, progress: Progress) -> tuple[EpisodeStats, dict
     fields = reader.schema.fields
     steps = [n for n in ("dones", "time_outs", *MOMENT_FIELDS) if n in fields and n != "last_values"]
     blocks = reader.blocks(steps)
+    from_reset = reader.schema.attrs.get("recorded_from_reset") is True
     episodes: EpisodeStats | None = None
     moments: dict[str, Moments] = {}
     progress.start("inspect", len(blocks))
     for start, stop in blocks:
         block = reader.arrays(steps, start, stop)
-        stats = EpisodeStats.of(block["dones"], block.get("time_outs"))
+        stats = EpisodeStats.of(block["dones"], block.get("time_outs"), from_reset)
         episodes = stats if episodes is None else episodes.merge(stats)
         for name in steps[1:]:
             if name != "time_outs":

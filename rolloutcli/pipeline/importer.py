@@ -1,0 +1,187 @@
+"""``rolloutcli import``: a foreign recording (D4RL, Minari, robomimic / Isaac Lab, ikostrikov) as a rollout file.
+
+The source is opened through the same audit as every input; :mod:`rolloutcli.layouts` plans which source rows
+go where, and the rows are copied in blocks of at most ``--max-memory`` bytes into a temporary file published
+atomically: a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rolloutcli.errors import EXIT_USAGE, RolloutError
+from rolloutcli.hdf5.atomic import atomic_file, check_output_path
+from rolloutcli.hdf5.reader import H5Input
+from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION, DatasetInfo
+from rolloutcli.hdf5.writer import RolloutOutput
+from rolloutcli.layouts import LAYOUTS, Plan, matches, plan_import, recognise, unrecognised
+from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.progress import Progress
+
+MINARI_DATA = ("data/main_data.hdf5", "main_data.hdf5")
+MINARI_METADATA = "metadata.json"
+
+
+class TensorSource:
+    """A ``torch.save``d dict of tensors (an ikostrikov storage's state) read like an ``H5Input``."""
+
+    def __init__(self, path: Path) -> None:
+        import torch
+
+        self.path, self.attrs = path, {}
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises many kinds for a foreign pickle
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise RolloutError(
+                f"{path}: cannot load it as tensors ({first[:200]}). Save the storage's tensors as a dict: "
+                "torch.save({k: getattr(storage, k) for k in ('obs', 'masks', 'bad_masks', ...)}, path)."
+            ) from exc
+        if not isinstance(state, dict):
+            state = {}
+        self.arrays = {str(k): v.numpy() for k, v in state.items() if isinstance(v, torch.Tensor)}
+        self.datasets = {k: DatasetInfo(tuple(a.shape), a.dtype) for k, a in self.arrays.items()}
+
+    def slice(self, name: str, index: tuple[Any, ...] = ()) -> np.ndarray:
+        return self.arrays[name][index]
+
+    def close(self) -> None:
+        pass
+
+
+def _is_torch_file(path: Path) -> bool:
+    return path.is_file() and zipfile.is_zipfile(path)
+
+
+def _minari_paths(src: Path) -> tuple[Path, Path | None]:
+    """(main_data.hdf5, metadata.json or None) of a Minari dataset folder or its data file."""
+    if not src.is_dir():
+        meta = src.parent / MINARI_METADATA
+        return src, meta if meta.is_file() else None
+    for data in MINARI_DATA:
+        if (src / data).is_file():
+            meta = (src / data).parent / MINARI_METADATA
+            if not meta.is_file():
+                raise RolloutError(
+                    f"{src}: Minari dataset folder without {meta.relative_to(src)}; expected the metadata "
+                    "Minari writes beside main_data.hdf5. Copy the whole dataset folder, or import main_data.hdf5."
+                )
+            return src / data, meta
+    raise RolloutError(
+        f"{src}: is a folder; expected an HDF5 file, or a Minari dataset folder with data/main_data.hdf5. "
+        "Check the path."
+    )
+
+
+@contextlib.contextmanager
+def _open_source(src: Path, wanted: str, run: RunOptions) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """The opened, audited source and the metadata found beside it (Minari's metadata.json)."""
+    meta: dict[str, Any] = {}
+    path = src
+    if src.is_dir() or wanted == "minari":
+        path, meta_path = _minari_paths(src)
+        if meta_path is not None:
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, ValueError) as exc:
+                raise RolloutError(f"{meta_path}: unreadable Minari metadata ({exc}).") from exc
+    if wanted in ("auto", "ikostrikov") and _is_torch_file(path):
+        source: Any = TensorSource(path)
+    else:
+        source = H5Input(path, run.safety)
+    try:
+        yield source, meta
+    finally:
+        source.close()
+
+
+def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
+    layout = recognise(source.datasets) if wanted == "auto" else wanted
+    if layout is None or not matches(source.datasets, layout):
+        raise unrecognised(src, source.datasets, wanted)
+    plan = plan_import(src, layout, source.datasets, lambda name: source.slice(name))
+    total = meta.get("total_episodes")
+    if isinstance(total, int) and total != plan.episodes:
+        raise RolloutError(
+            f"{src}: metadata.json says total_episodes = {total}, found {plan.episodes} episodes in the data; "
+            "the dataset is incomplete. Copy it again."
+        )
+    if meta:
+        plan.attrs["source_metadata"] = json.dumps(meta, sort_keys=True)
+    group = "data" if layout == "robomimic" else ""  # robomimic keeps env_args on its data group
+    if isinstance(source, H5Input):
+        plan.attrs.update({f"source_{k}": v for k, v in source.attrs_of(group).items()})
+    return plan
+
+
+def run_import(
+    src: Path, dst: Path, layout: str, run: RunOptions, *, overwrite: bool = False, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Import ``src`` (a file or a Minari dataset folder) into the rollout file ``dst``; the summary."""
+    if layout != "auto" and layout not in LAYOUTS:
+        raise RolloutError(f"--from: expected auto or {', '.join(LAYOUTS)}, found '{layout}'.", exit_code=EXIT_USAGE)
+    progress = progress or Progress()
+    check_output_path(dst, [src], overwrite=overwrite)
+    with _open_source(src, layout, run) as (source, meta):
+        plan = _plan(src, source, layout, meta)
+        h5 = source if isinstance(source, H5Input) else None
+        with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp, RolloutOutput(tmp, dst, h5) as out:
+            _write(plan, source, out, run.max_memory, progress)
+            out.set_attrs(
+                {
+                    "rolloutcli_format": FORMAT_NAME,
+                    "format_version": FORMAT_VERSION,
+                    "imported_from": plan.layout,
+                    "source_file": os.path.basename(src),
+                    **plan.attrs,
+                }
+            )
+    return {
+        "input": str(src),
+        "output": str(dst),
+        "layout": plan.layout,
+        "T": plan.T,
+        "N": plan.N,
+        "episodes": plan.episodes,
+        "fields": sorted({*plan.datasets, *plan.arrays, *plan.verbatim.values()}),
+        "recorded_from_reset": bool(plan.attrs.get("recorded_from_reset", False)),
+        "bytes_written": os.path.getsize(dst),
+    }
+
+
+def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: Progress) -> None:
+    """Create the datasets, copy the rows in blocks within ``budget`` bytes, add the computed arrays."""
+    blocks = []  # (copy, first row, rows): no block holds more than ``budget`` bytes (at least one row)
+    for copy in plan.copies:
+        info = source.datasets[copy.src]
+        step = max(1, budget // max(math.prod(info.shape[1:]) * info.dtype.itemsize, 1))
+        blocks += [(copy, first, min(step, copy.count - first)) for first in range(0, copy.count, step)]
+    progress.start("import", len(blocks) + 1)
+    for name, (shape, dtype) in plan.datasets.items():
+        out.create(name, shape, dtype)
+    for copy, first, rows in blocks:
+        block = source.slice(copy.src, (slice(copy.start + first, copy.start + first + rows),))
+        target = slice(copy.dst + first, copy.dst + first + rows)
+        if copy.single:
+            out.write(copy.out, (), block[0])
+        else:
+            out.write(copy.out, (target,), block[:, None] if copy.lane else block)
+        progress.advance()
+    for name, array in plan.arrays.items():
+        out.put(name, array)
+    if isinstance(source, H5Input):
+        out.copy(plan.verbatim, lambda name: plan.verbatim[name])
+    else:
+        for name, target in plan.verbatim.items():
+            out.put(target, source.slice(name))
+    progress.advance()
+    progress.finish()
