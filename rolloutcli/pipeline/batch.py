@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from rolloutcli.core.batching import ShardPlan, gather_fields, plan_batches
+from rolloutcli.core.batching import BatchPlan, ShardPlan, gather_fields, plan_batches
+from rolloutcli.core.order import ALGORITHM, ORDER_VERSION, ROUNDS
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
 from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.hdf5.reader import RolloutReader
@@ -33,7 +34,8 @@ from rolloutcli.pipeline.shard_export import (
 )
 
 ORDER_TEXT = {
-    ("feedforward", False): "epoch e: the e-th torch.randperm(T*N) drawn from torch.Generator().manual_seed(seed); "
+    ("feedforward", False): "epoch e: the feistel-cw bijection of the T*N rows keyed by the e-th "
+    "torch.randint(0, 2**62) of torch.Generator().manual_seed(seed) (rolloutcli.core.order); "
     "M mini-batches whose sizes differ by at most one row",
     ("feedforward", True): "RSL-RL: one torch.randperm(M*(T*N//M)) from torch.Generator().manual_seed(seed), "
     "reused every epoch; T*N % M rows dropped",
@@ -44,6 +46,15 @@ ORDER_TEXT = {
     ("distillation", False): "RSL-RL generator() order: consecutive step ranges of all envs, sizes differing "
     "by at most one step, the same every epoch",
 }
+
+
+def order_record(plan: BatchPlan) -> dict[str, Any]:
+    """The manifest's ``order_version`` and, for streamed orders, the algorithm and each pass's key."""
+    keys = [p.order.key for p in plan.passes if p.order is not None]
+    if not keys:
+        return {"order_version": ORDER_VERSION}
+    algorithm = {"name": ALGORITHM, "rounds": ROUNDS, "keys": keys}
+    return {"order_version": ORDER_VERSION, "order_algorithm": algorithm}
 
 
 @dataclass(frozen=True)
@@ -205,6 +216,7 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
         manifest={
             "options": options_record,
             "order": order,
+            **order_record(plan),
             "gae": gae,
             **common,
             "observation_keys": sorted(reader.schema.observation_keys),

@@ -190,7 +190,8 @@ def _export_passes(
     whole = blocks == [(0, T, 0, N)]
     cached: Rows | None = None
     for pass_index, plan in enumerate(job.plan.passes):
-        positions = None if whole else plan.positions(T * N).view(T, N)
+        streamed = plan.order is not None
+        positions = None if whole or streamed else plan.positions(T * N).view(T, N)
         complete = partial(emitter.emit, pass_index)
         out = ShardScatter(folder, job.fields, plan.sizes, budget // 4, buffers=emitter.buffers, complete=complete)
         for block in blocks:
@@ -198,11 +199,15 @@ def _export_passes(
             take = partial(job.take, block, data)
             if whole:
                 cached = data
-                out.add(None, take, order=plan.rows)
+                out.add(None, take, order=plan.all_rows())
             else:
                 t0, t1, n0, n1 = block
-                assert positions is not None
-                out.add(positions[t0:t1, n0:n1].reshape(-1), take)
+                if streamed:  # positions of this block's rows only: no per-row array of the whole source
+                    rows = torch.arange(t0, t1).unsqueeze(1) * N + torch.arange(n0, n1).unsqueeze(0)
+                    out.add(plan.positions_of(rows.reshape(-1)), take)
+                else:
+                    assert positions is not None
+                    out.add(positions[t0:t1, n0:n1].reshape(-1), take)
             del data, take
             emitter.progress.advance()
         out.finish()
