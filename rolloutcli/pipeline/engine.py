@@ -1,0 +1,141 @@
+"""Engines: run a list of work units (pure functions of their arguments) and return their results in order.
+
+``local`` runs them in this process (``workers=1``) or on a pool of K processes; ``ray`` submits each as a
+Ray Core task (``pip install "rolloutcli[ray]"``). A unit writes only where its arguments say and returns plain
+data, so a retried unit (a worker that died, Ray's ``max_retries``) gives the same bytes, and the results do not
+depend on the engine, the worker count or the order units finish in. The driver publishes last.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
+
+ENGINES = ("local", "ray")
+RAY_INSTALL = 'pip install "rolloutcli[ray]"'
+RAY_TIMEOUT_S = 30.0  # an unreachable --address is reported within this
+RETRIES = 3  # Ray task retries (units are pure: a retry rewrites the same bytes)
+
+Unit = tuple[Callable[..., Any], tuple[Any, ...]]  # (module-level function, its arguments): picklable
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """``--engine``, ``--workers``, ``--address`` (ray), ``--hdf5-locking`` (None: HDF5's default; False for
+    file systems without locks, e.g. NFS: sets ``HDF5_USE_FILE_LOCKING=FALSE`` in every worker)."""
+
+    engine: str = "local"
+    workers: int = 1
+    address: str | None = None
+    hdf5_locking: bool | None = None
+
+    def env(self) -> dict[str, str]:
+        """Environment every worker gets."""
+        if self.hdf5_locking is None:
+            return {}
+        return {"HDF5_USE_FILE_LOCKING": "TRUE" if self.hdf5_locking else "FALSE"}
+
+
+def check_engine(options: EngineOptions) -> None:
+    """Refuse combinations the command line cannot (exit 2)."""
+    if options.engine not in ENGINES:
+        raise RolloutError(f"--engine: expected local or ray, found '{options.engine}'.", exit_code=EXIT_USAGE)
+    if options.address is not None and options.engine != "ray":
+        raise RolloutError("--address: expected --engine ray with it, found --engine local.", exit_code=EXIT_USAGE)
+    if options.workers < 1:
+        raise RolloutError(f"--workers: expected at least 1, found {options.workers}.", exit_code=EXIT_USAGE)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A unit's ``RolloutError`` as plain data (exceptions lose their attributes when pickled)."""
+
+    message: str
+    exit_code: int
+    problems: tuple[str, ...]
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str]) -> Any:
+    os.environ.update(env)
+    try:
+        return fn(*args)
+    except RolloutError as error:
+        return _Failed(str(error), error.exit_code, tuple(error.problems))
+
+
+def run_units(units: Sequence[Unit], options: EngineOptions, done: Callable[[int, Any], None] | None = None) -> list:
+    """Run ``units``; ``done(i, result)`` is called in the driver as each finishes (any order). Results in order."""
+    check_engine(options)
+    results: list[Any] = [None] * len(units)
+
+    def finished(index: int, result: Any) -> None:
+        if isinstance(result, _Failed):
+            raise RolloutError(result.message, exit_code=result.exit_code, problems=result.problems)
+        results[index] = result
+        if done is not None:
+            done(index, result)
+
+    if options.engine == "ray":
+        _run_ray(units, options, finished)
+    elif options.workers == 1 or len(units) <= 1:
+        for index, (fn, args) in enumerate(units):
+            finished(index, _call(fn, args, options.env()))
+    else:
+        context = multiprocessing.get_context("forkserver")
+        workers = min(options.workers, len(units))
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            futures = {pool.submit(_call, fn, args, options.env()): i for i, (fn, args) in enumerate(units)}
+            for future, index in futures.items():  # in submission order: a failure is the first failing unit's
+                finished(index, future.result())
+    return results
+
+
+def import_ray() -> Any:
+    """``ray``, or exit 2 saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise RolloutError(
+            f"--engine ray: expected Ray to be installed, found none. Install it: {RAY_INSTALL}", exit_code=EXIT_USAGE
+        ) from exc
+    return ray
+
+
+def connect_ray(options: EngineOptions) -> Any:
+    """``ray`` connected to ``--address`` (or a local cluster); unreachable: exit 3 naming the address."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    env = {"env_vars": options.env()} if options.env() else None
+    address = options.address
+    try:
+        if address is None:
+            ray.init(include_dashboard=False, runtime_env=env, log_to_driver=False)
+        else:
+            os.environ.setdefault("RAY_gcs_rpc_server_connect_timeout_s", str(int(RAY_TIMEOUT_S)))
+            ray.init(address=address, runtime_env=env, log_to_driver=False)
+    except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
+        raise RolloutError(
+            f"{address}: cannot reach the Ray cluster: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. "
+            "Check --address (auto, ray://host:10001) and that the cluster runs.",
+            exit_code=EXIT_IO,
+        ) from exc
+    return ray
+
+
+def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
+    ray = connect_ray(options)
+    task = ray.remote(max_retries=RETRIES, retry_exceptions=[OSError])(_call)
+    refs = [task.remote(fn, args, options.env()) for fn, args in units]
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            finished(index[ref], ray.get(ref))
