@@ -6,7 +6,6 @@ command so ``rolloutcli --help`` stays fast.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -25,6 +24,7 @@ from rolloutcli.cli_common import (
     flag,
     run_options,
 )
+from rolloutcli.cli_dataset import FilesArg, resolve_inputs
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.render import RichProgress, render_batch
 
@@ -42,9 +42,6 @@ def _groups(observations: str | None) -> tuple[str, ...] | None:
     return groups
 
 
-FileArg = Annotated[
-    Path, typer.Argument(metavar="FILE", help="Rollout file (.h5); RL modes need advantages/returns (run gae).")
-]
 MiniBatchesOpt = Annotated[int, count_option("--num-mini-batches", "-m", text="Mini-batches per epoch.", metavar="M")]
 EpochsOpt = Annotated[int, count_option("--epochs", text="Epochs to write.", metavar="E")]
 SeedOpt = Annotated[int, count_option("--seed", text="Seed of every shuffle.", low=0, high=MAX_SEED, metavar="S")]
@@ -63,7 +60,7 @@ GroupsOpt = Annotated[
 
 
 def batch(
-    file: FileArg,
+    files: FilesArg,
     num_mini_batches: MiniBatchesOpt,
     output: FolderOutputOpt = None,
     epochs: EpochsOpt = 1,
@@ -113,5 +110,7 @@ def batch(
                 raise RolloutError(f"{name}: expected --history K with it, found none.", exit_code=EXIT_USAGE)
         mode = "recurrent" if recurrent else "distillation" if distillation else "feedforward"
         options = BatchOptions(num_mini_batches, epochs, seed, mode, rsl_parity, shuffle_envs, compression)
-    summary = run_batch(file, output, options, run, overwrite=overwrite, progress=RichProgress(quiet))
+    dataset = resolve_inputs(files)
+    source = list(dataset.files) if dataset.many else dataset.files[0]
+    summary = run_batch(source, output, options, run, overwrite=overwrite, progress=RichProgress(quiet))
     emit(summary, render_batch, json_output, quiet, output)

@@ -17,6 +17,7 @@ import torch
 from rolloutcli.core.batching import BatchPlan, ShardPlan, gather_fields, plan_batches
 from rolloutcli.core.order import ALGORITHM, ORDER_VERSION, ROUNDS
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
+from rolloutcli.dataset import check_agreement
 from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
@@ -83,7 +84,7 @@ def _check_options(options: BatchOptions) -> None:
         raise usage("--rsl-parity: distillation shards are always in RSL-RL's generator() order; drop it.")
 
 
-def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
+def _check_source(reader: RolloutReader, options: BatchOptions, T: int, N: int, whose: str = "file") -> None:
     fields, path = reader.schema.fields, reader.path
     if options.mode == "distillation":
         if "privileged_actions" not in fields:
@@ -100,12 +101,10 @@ def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
             fix = "Run `rolloutcli gae` first."
             problems = [problem_line(path, name, "a dataset [T, N]", "nothing", fix) for name in missing]
             raise RolloutError.many(path, problems)
-    limit = {"feedforward": (reader.T * reader.N, "rows (T*N)"), "recurrent": (reader.N, "envs (N)")}.get(
-        options.mode, (reader.T, "steps (T)")
-    )
+    limit = {"feedforward": (T * N, "rows (T*N)"), "recurrent": (N, "envs (N)")}.get(options.mode, (T, "steps (T)"))
     if options.num_mini_batches > limit[0]:
         raise usage(
-            f"--num-mini-batches: expected at most {limit[0]} (the file's {limit[1]}), "
+            f"--num-mini-batches: expected at most {limit[0]} (the {whose}'s {limit[1]}), "
             f"found {options.num_mini_batches}."
         )
 
@@ -122,6 +121,16 @@ def _fields(reader: RolloutReader, mode: str) -> list[Field]:
         if mode == "recurrent":
             pairs += [(path, path) for net in ("actor", "critic") for path in schema.hidden.get(net, [])]
     return export_fields(reader, pairs)
+
+
+def _check_dataset(files: list[Path], options: BatchOptions | HistoryOptions, run: RunOptions) -> None:
+    """What a dataset export refuses (exit 2), then the files' agreement (exit 1)."""
+    if isinstance(options, HistoryOptions):
+        raise usage("--history: expected one rollout file, found a dataset; export each file on its own.")
+    if options.rsl_parity:
+        raise usage("--rsl-parity: RSL-RL's order is for one file, found a dataset; drop --rsl-parity.")
+    same = None if options.mode == "feedforward" else f"batch --{options.mode}"
+    check_agreement(files, run.safety, same_steps=same)
 
 
 def read_rows(reader: RolloutReader, field: Field, block: Block) -> torch.Tensor:
@@ -175,10 +184,17 @@ def _shard_tensors(
     return out
 
 
-def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
-    """``batch``'s export job for this source (checked against the options first)."""
-    _check_source(reader, options)
-    T, N = reader.T, reader.N
+def _job(source: RolloutReader | list[RolloutReader], options: BatchOptions) -> ExportJob:
+    """``batch``'s export job for this source or dataset (checked against the options first). A dataset is one
+    source of ``T x sum(N)`` (files side by side along envs: recurrent, distillation) or, feed-forward, of
+    ``sum(T * N)`` rows (``1 x rows``: a feed-forward shard never looks at T or N)."""
+    readers = source if isinstance(source, list) else [source]
+    reader = readers[0]
+    T, N = reader.T, sum(r.N for r in readers)
+    if len(readers) > 1 and options.mode == "feedforward":
+        T, N = 1, sum(r.T * r.N for r in readers)
+    for each in readers:
+        _check_source(each, options, T, N, "dataset" if len(readers) > 1 else "file")
     fields = _fields(reader, options.mode)
     plan = plan_batches(
         options.mode,
@@ -211,6 +227,7 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
         shard_tensors=lambda p, shard, rows: _shard_tensors(options.mode, plan.passes[p], shard, rows, fields, T, N),
         read_bytes=sum(f.row_bytes for f in fields),
         env_major=options.mode == "recurrent",
+        env_concat=len(readers) > 1 and options.mode != "feedforward",
         group_attrs={"distribution": {"order": distribution}} if exported else {},
         compression=options.compression,
         manifest={
@@ -228,7 +245,7 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
 
 
 def run_batch(
-    src: Path,
+    src: Path | list[Path],
     dst: Path,
     options: BatchOptions | HistoryOptions,
     run: RunOptions,
@@ -236,12 +253,16 @@ def run_batch(
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows).
+    """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows), or
+    from a dataset (a list of files, sorted; feed-forward: one shuffle over every row of every file; recurrent
+    and distillation: env groups or step ranges over all files' envs, which needs one T).
 
     Raises:
         RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
             a chunk (exit 2), missing fields (exit 1), I/O faults (exit 3).
     """
+    if isinstance(src, list):
+        _check_dataset(src, options, run)
     if isinstance(options, HistoryOptions):
         prepare = partial(history_job, options=options, budget=run.max_memory)
     else:
