@@ -47,6 +47,7 @@ from rolloutcli.cli_dataset import (
     engine_options,
     per_file,
     render_dataset,
+    render_inspect_dataset,
     resolve_inputs,
 )
 from rolloutcli.errors import (
@@ -105,7 +106,7 @@ def root(
 
 @app.command(epilog=_example("rolloutcli inspect sample_data/cartpole_gru.h5 --json"))
 def inspect(
-    file: FileArg,
+    files: FilesArg,
     json_output: JsonOpt = False,
     strict: flag("--strict", text="Exit 1 when the data has problems.") = False,
     max_memory: MemoryOpt = "1G",
@@ -116,8 +117,16 @@ def inspect(
     from rolloutcli.pipeline.inspect import run_inspect
     from rolloutcli.render import render_inspect
 
-    report = run_inspect(file, run_options(max_memory, allow_external), RichProgress(quiet))
-    emit(report, render_inspect, json_output, quiet)
+    dataset = resolve_inputs(files)
+    file = dataset.files[0] if not dataset.many else dataset.root
+    if dataset.many:
+        from rolloutcli.pipeline.inspect_dataset import run_inspect_dataset
+
+        report = run_inspect_dataset(dataset, run_options(max_memory, allow_external), RichProgress(quiet))
+        emit(report, render_inspect_dataset, json_output, quiet)
+    else:
+        report = run_inspect(file, run_options(max_memory, allow_external), RichProgress(quiet))
+        emit(report, render_inspect, json_output, quiet)
     if strict and report["warnings"]:
         where = "run without -q to see them" if quiet and not json_output else "listed above"
         raise RolloutError(f"{file}: --strict: {len(report['warnings'])} warnings ({where}).")

@@ -123,3 +123,36 @@ def test_split_on_a_dataset_workers_and_resume(cli, runs: Path, tmp_path: Path) 
 
 def _fail(src: Path) -> None:
     raise RolloutError(f"{src}: injected failure")
+
+
+def test_inspect_a_dataset_table_totals_and_statistics_over_all_files(cli, runs: Path, tmp_path: Path) -> None:
+    code, out, err = cli("inspect", runs, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [f["name"] for f in report["files"]] == ["a/r1.h5", "r0.h5", "r2.h5"]
+    assert [(f["T"], f["N"]) for f in report["files"]] == [(12, 3), (20, 2), (12, 4)]
+    assert report["totals"] == {
+        "files": 3,
+        "steps": 36 + 40 + 48,
+        "envs": 9,
+        "episodes": sum(
+            json.loads(cli("inspect", f, "--json")[1])["episodes"]["completed"] for f in resolve([runs]).files
+        ),
+        "bytes": sum(f.stat().st_size for f in resolve([runs]).files),
+    }
+    rewards = np.concatenate(
+        [rollout_arrays(T=T, N=N, seed=s)["rewards"].ravel() for T, N, s in [(12, 3, 1), (20, 2, 2), (12, 4, 3)]]
+    )
+    assert report["rewards"]["count"] == rewards.size
+    assert report["rewards"]["mean"] == pytest.approx(rewards.astype(np.float64).mean(), rel=1e-9)
+    assert report["rewards"]["std"] == pytest.approx(rewards.astype(np.float64).std(ddof=1), rel=1e-6)
+    assert report["rewards"]["min"] == rewards.min() and report["warnings"] == []
+    code, out, _ = cli("inspect", runs)
+    assert code == 0 and "3 files" in out and "statistics over all files" in out and "a/r1.h5" in out
+    arrays = rollout_arrays(T=12, N=3, seed=4)
+    del arrays["time_outs"]
+    write_rollout(runs / "z.h5", arrays)
+    code, out, _ = cli("inspect", runs, "--json")
+    assert code == 0 and any("z.h5: field 'time_outs': expected it as in" in w for w in json.loads(out)["warnings"])
+    code, _, err = cli("inspect", runs, "--strict", "-q")
+    assert code == 1 and "--strict" in err
