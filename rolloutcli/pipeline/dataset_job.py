@@ -23,7 +23,7 @@ from rolloutcli.dataset import Dataset
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file
 from rolloutcli.hdf5.rename import rename_noreplace
-from rolloutcli.pipeline.engine import EngineOptions, Unit, run_units
+from rolloutcli.pipeline.engine import EngineOptions, Unit, run_units, start_engine
 
 DATASET_FORMAT = "rolloutcli.dataset"
 DATASET_VERSION = 1
@@ -133,6 +133,7 @@ def run_dataset(
         "outputs": [],
     }
     keep = _reusable(tmp, record, inputs) if resume and tmp.is_dir() else set()
+    start_engine(engine)
     tmp.mkdir(exist_ok=True)
     outputs: dict[str, dict[str, Any]] = {}
     units, names = [], []

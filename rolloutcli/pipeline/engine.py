@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +21,7 @@ from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 
 ENGINES = ("local", "ray")
 RAY_INSTALL = 'pip install "rolloutcli[ray]"'
-RAY_TIMEOUT_S = 30.0  # an unreachable --address is reported within this
+RAY_TIMEOUT_S = 10.0  # an unreachable --address is reported within this
 RETRIES = 3  # Ray task retries (units are pure: a retry rewrites the same bytes)
 
 Unit = tuple[Callable[..., Any], tuple[Any, ...]]  # (module-level function, its arguments): picklable
@@ -62,11 +64,25 @@ class _Failed:
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str]) -> Any:
+    """Run one unit; an ``OSError`` (a flaky file system) is retried up to ``RETRIES`` times, safe because a unit
+    rewrites its whole output; a worker that dies is retried by Ray (``max_retries``), fails a local run."""
     os.environ.update(env)
-    try:
-        return fn(*args)
-    except RolloutError as error:
-        return _Failed(str(error), error.exit_code, tuple(error.problems))
+    for attempt in range(RETRIES + 1):
+        try:
+            return fn(*args)
+        except RolloutError as error:
+            return _Failed(str(error), error.exit_code, tuple(error.problems))
+        except OSError:
+            if attempt == RETRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+def start_engine(options: EngineOptions) -> None:
+    """Connect to Ray now (``--engine ray``), so an unreachable cluster fails before anything is written."""
+    check_engine(options)
+    if options.engine == "ray":
+        connect_ray(options)
 
 
 def run_units(units: Sequence[Unit], options: EngineOptions, done: Callable[[int, Any], None] | None = None) -> list:
@@ -89,10 +105,17 @@ def run_units(units: Sequence[Unit], options: EngineOptions, done: Callable[[int
     else:
         context = multiprocessing.get_context("forkserver")
         workers = min(options.workers, len(units))
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            futures = {pool.submit(_call, fn, args, options.env()): i for i, (fn, args) in enumerate(units)}
-            for future, index in futures.items():  # in submission order: a failure is the first failing unit's
-                finished(index, future.result())
+        try:
+            with ProcessPoolExecutor(workers, mp_context=context) as pool:
+                futures = {pool.submit(_call, fn, args, options.env()): i for i, (fn, args) in enumerate(units)}
+                for future, index in futures.items():  # in submission order: a failure is the first failing unit's
+                    finished(index, future.result())
+        except BrokenProcessPool as exc:
+            raise RolloutError(
+                "--engine local: a worker process died (out of memory or killed); nothing was published. "
+                "Rerun with --resume to continue.",
+                exit_code=EXIT_IO,
+            ) from exc
     return results
 
 
@@ -107,35 +130,64 @@ def import_ray() -> Any:
     return ray
 
 
+def _unreachable(address: str, why: object) -> RolloutError:
+    return RolloutError(
+        f"{address}: cannot reach the Ray cluster ({why}). Check --address (auto, host:6379, ray://host:10001) "
+        "and that the cluster runs.",
+        exit_code=EXIT_IO,
+    )
+
+
+def _probe(address: str) -> None:
+    """Connect to ``host:port`` within ``RAY_TIMEOUT_S``: Ray itself retries an absent cluster for minutes."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=RAY_TIMEOUT_S):
+            pass
+    except ValueError:
+        raise _unreachable(address, "expected host:port") from None
+    except OSError as exc:
+        raise _unreachable(address, exc.strerror or exc) from exc
+
+
 def connect_ray(options: EngineOptions) -> Any:
-    """``ray`` connected to ``--address`` (or a local cluster); unreachable: exit 3 naming the address."""
+    """``ray`` connected to ``--address`` (or a new local cluster); unreachable: exit 3 naming the address."""
     ray = import_ray()
+    address = options.address
+    if address is not None:
+        _probe(address)
     if ray.is_initialized():
         return ray
     env = {"env_vars": options.env()} if options.env() else None
-    address = options.address
     try:
         if address is None:
             ray.init(include_dashboard=False, runtime_env=env, log_to_driver=False)
         else:
-            os.environ.setdefault("RAY_gcs_rpc_server_connect_timeout_s", str(int(RAY_TIMEOUT_S)))
             ray.init(address=address, runtime_env=env, log_to_driver=False)
-    except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
-        raise RolloutError(
-            f"{address}: cannot reach the Ray cluster: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. "
-            "Check --address (auto, ray://host:10001) and that the cluster runs.",
-            exit_code=EXIT_IO,
-        ) from exc
+    except (ConnectionError, TimeoutError) as exc:
+        raise _unreachable(str(address), str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
     return ray
 
 
 def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
     ray = connect_ray(options)
-    task = ray.remote(max_retries=RETRIES, retry_exceptions=[OSError])(_call)
+    task = ray.remote(max_retries=RETRIES, scheduling_strategy="SPREAD")(_call)
     refs = [task.remote(fn, args, options.env()) for fn, args in units]
     index = {ref: i for i, ref in enumerate(refs)}
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         for ref in ready:
-            finished(index[ref], ray.get(ref))
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayError as exc:  # a task that failed past its retries, or a lost node
+                for other in pending:
+                    ray.cancel(other)
+                raise RolloutError(
+                    f"--engine ray: a task failed past {RETRIES} retries ({type(exc).__name__}); nothing was "
+                    "published. Rerun with --resume to continue.",
+                    exit_code=EXIT_IO,
+                ) from exc
+            finished(index[ref], result)
