@@ -31,6 +31,7 @@ class Dataset:
     names: tuple[str, ...]
     root: Path
     many: bool
+    folders: tuple[Path, ...] = ()  # the directories named (an output must not lie inside one)
 
 
 def _expand(arg: str) -> tuple[list[Path], Path, bool]:
@@ -64,6 +65,7 @@ def resolve(args: Sequence[str | Path]) -> Dataset:
     found: dict[str, Path] = {}
     roots: list[Path] = []
     many = len(args) > 1
+    folders = tuple(Path(a) for a in args if os.path.isdir(a))
     for arg in args:
         files, root, is_dataset = _expand(str(arg))
         many = many or is_dataset
@@ -79,15 +81,19 @@ def resolve(args: Sequence[str | Path]) -> Dataset:
     files = sorted(found.values(), key=lambda p: os.path.abspath(p))
     root = Path(os.path.commonpath([*roots, *(Path(os.path.abspath(f)).parent for f in files)]))
     names = tuple(os.path.relpath(os.path.abspath(f), root) for f in files)
-    return Dataset(tuple(files), names, root, many)
+    return Dataset(tuple(files), names, root, many, folders)
 
 
 def _signature(reader: RolloutReader) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Per-step field -> (dtype, trailing shape after [T, N]) as the reader returns them."""
+    """Field laid out by env (per-step ``[T, N, ...]``, hidden states ``[T, layers, N, H]``, ``last_values``
+    ``[N]``) -> (dtype, shape without T and N) as the reader returns them."""
     out = {}
-    for name in reader.schema.step_names():
+    for name, spec in reader.schema.fields.items():
+        if spec.env_axis is None:
+            continue
         dtype, shape = reader.normalized(name, 0, 1)
-        out[name] = (str(dtype), tuple(shape[2:]))
+        kept = [size for axis, size in enumerate(shape) if axis != spec.env_axis and not (axis == 0 < spec.env_axis)]
+        out[name] = (str(dtype), tuple(kept))
     return out
 
 

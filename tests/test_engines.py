@@ -19,23 +19,12 @@ from rolloutcli.pipeline.options import RunOptions
 OPTIONS, RUN = GaeOptions(), RunOptions()
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """One Ray cluster for the session: two nodes (two raylets, two object stores) of one CPU each."""
-    ray = pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import this test file
-    store = 100 * 2**20
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "object_store_memory": store, "include_dashboard": False},
-    )
-    cluster.add_node(num_cpus=1, object_store_memory=store)
-    ray.init(address=cluster.address, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    cluster.shutdown()
+@pytest.fixture
+def ray_cluster(ray_cluster):
+    """The session's two-node cluster (conftest), with this file's units pickled by value for its workers."""
+    ray, _ = ray_cluster
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return ray
 
 
 @pytest.fixture

@@ -62,7 +62,7 @@ def _write_record(folder: Path, record: dict[str, Any]) -> None:
 
 def _check_destination(dataset: Dataset, dst: Path, overwrite: bool, resume: bool, tmp: Path) -> None:
     real = os.path.realpath(dst)
-    for root in {os.path.realpath(f.parent) for f in dataset.files}:
+    for root in sorted({os.path.realpath(f) for f in dataset.folders}):
         if os.path.commonpath([root, real]) == root:
             raise RolloutError(
                 f"{dst}: output folder inside the input folder {root}; expected it elsewhere "
@@ -145,7 +145,7 @@ def run_dataset(
         out.parent.mkdir(parents=True, exist_ok=True)
         if os.path.lexists(out):
             out.unlink()
-        units.append(make_unit(file, out))
+        units.append(make_unit(Path(os.path.abspath(file)), out))  # absolute: tasks run in other folders
         names.append(entry["name"])
 
     def done(index: int, _summary: Any) -> None:  # record progress so a later --resume can skip it

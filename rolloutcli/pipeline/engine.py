@@ -103,7 +103,9 @@ def run_units(units: Sequence[Unit], options: EngineOptions, done: Callable[[int
         for index, (fn, args) in enumerate(units):
             finished(index, _call(fn, args, options.env()))
     else:
+        # forkserver: workers fork from a clean server (no driver threads), which imports the units' modules once
         context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(sorted({fn.__module__ for fn, _ in units}))
         workers = min(options.workers, len(units))
         try:
             with ProcessPoolExecutor(workers, mp_context=context) as pool:
