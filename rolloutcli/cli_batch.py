@@ -24,7 +24,15 @@ from rolloutcli.cli_common import (
     flag,
     run_options,
 )
-from rolloutcli.cli_dataset import FilesArg, resolve_inputs
+from rolloutcli.cli_dataset import (
+    AddressOpt,
+    EngineOpt,
+    FilesArg,
+    LockingOpt,
+    WorkersOpt,
+    engine_options,
+    resolve_inputs,
+)
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.render import RichProgress, render_batch
 
@@ -74,6 +82,10 @@ def batch(
     across_episodes: AcrossOpt = False,
     observations: GroupsOpt = None,
     overwrite: OverwriteOpt = False,
+    engine: EngineOpt = "local",
+    workers: WorkersOpt = 1,
+    address: AddressOpt = None,
+    hdf5_locking: LockingOpt = None,
     json_output: JsonOpt = False,
     max_memory: MemoryOpt = "1G",
     allow_external: ExternalOpt = False,
@@ -90,6 +102,7 @@ def batch(
     # The export is file I/O and row copies on the CPU (orders are drawn on the CPU so shards are the same
     # on every machine): no --device; ShardDataset picks where batches go.
     run = run_options(max_memory, allow_external)
+    runner = engine_options(engine, workers, address, hdf5_locking)
     compression = compression and compression.value
     from rolloutcli.pipeline.batch import BatchOptions, HistoryOptions, run_batch
 
@@ -112,5 +125,5 @@ def batch(
         options = BatchOptions(num_mini_batches, epochs, seed, mode, rsl_parity, shuffle_envs, compression)
     dataset = resolve_inputs(files)
     source = list(dataset.files) if dataset.many else dataset.files[0]
-    summary = run_batch(source, output, options, run, overwrite=overwrite, progress=RichProgress(quiet))
+    summary = run_batch(source, output, options, run, overwrite=overwrite, progress=RichProgress(quiet), engine=runner)
     emit(summary, render_batch, json_output, quiet, output)

@@ -111,3 +111,45 @@ def test_without_ray_engine_ray_exits_2_saying_how_to_install(monkeypatch, cli, 
     assert code == 2 and 'pip install "rolloutcli[ray]"' in err
     code, _, err = cli("gae", runs, "-o", tmp_path / "x", "--address", "auto")
     assert code == 2 and "--address: expected --engine ray" in err
+
+
+def gae_files(cli, runs: Path, out: Path) -> Path:
+    assert cli("gae", runs, "-o", out)[0] == 0
+    return out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-m", 5, "--epochs", 2, "--max-memory", "8K"],  # many blocks of every file, two streamed orders
+        ["-m", 3, "--epochs", 2, "--recurrent", "--shuffle-envs"],
+    ],
+)
+def test_batch_on_workers_same_bytes(cli, runs: Path, tmp_path: Path, args: list) -> None:
+    data = gae_files(cli, runs, tmp_path / "gae")
+    if "--recurrent" in args:  # one T: the files of T = 12
+        data = [data / "r0.h5", data / "r2.h5"]
+    else:
+        data = [data]
+    assert cli("batch", *data, "-o", tmp_path / "one", *args)[0] == 0
+    code, _, err = cli("batch", *data, "-o", tmp_path / "two", *args, "--workers", 2)
+    assert code == 0, err
+    assert tree(tmp_path / "one") == tree(tmp_path / "two")
+
+
+def test_batch_distillation_on_workers_same_bytes(cli, tmp_path: Path) -> None:
+    from conftest import SAMPLE
+
+    assert cli("batch", SAMPLE, "-o", tmp_path / "one", "-m", 4, "--distillation")[0] == 0
+    assert cli("batch", SAMPLE, "-o", tmp_path / "two", "-m", 4, "--distillation", "--workers", 2)[0] == 0
+    assert tree(tmp_path / "one") == tree(tmp_path / "two")
+
+
+def test_batch_on_ray_same_bytes(ray_cluster, cli, runs: Path, tmp_path: Path) -> None:
+    data = gae_files(cli, runs, tmp_path / "gae")
+    args = ["-m", 4, "--epochs", 2, "--max-memory", "16K"]
+    assert cli("batch", data, "-o", tmp_path / "local", *args)[0] == 0
+    code, _, err = cli("batch", data, "-o", tmp_path / "ray", *args, "--engine", "ray")
+    assert code == 0, err
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gae", "local", "ray", "runs"]

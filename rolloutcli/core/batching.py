@@ -134,6 +134,20 @@ def recurrent_groups(
     return [torch.sort(group).values if shuffle else group for group in torch.split(envs[: sum(sizes)], sizes)]
 
 
+def block_rows(
+    block: tuple[int, int, int, int], num_envs: int, offsets: tuple[int, int], env_concat: bool, total_envs: int
+) -> torch.Tensor:
+    """``[steps * envs]`` int64 dataset rows of a block ``(t0, t1, n0, n1)`` of a file of ``num_envs`` envs, time-major:
+    ``row_offset + t * num_envs + n``, or with ``env_concat`` (files side by side along envs, one T)
+    ``t * total_envs + env_offset + n``, where ``offsets = (row_offset, env_offset)``. One file: ``t * N + n``."""
+    t0, t1, n0, n1 = block
+    steps = torch.arange(t0, t1, dtype=torch.int64).unsqueeze(1)
+    envs = torch.arange(n0, n1, dtype=torch.int64).unsqueeze(0)
+    if env_concat:
+        return (steps * total_envs + offsets[1] + envs).reshape(-1)
+    return (offsets[0] + steps * num_envs + envs).reshape(-1)
+
+
 def recurrent_rows(num_steps: int, num_envs: int, envs: torch.Tensor) -> torch.Tensor:
     """``[T * G]`` int64 source rows of an env group in slot order ``t * G + j`` (so it views as ``[T, G]``)."""
     steps = torch.arange(num_steps, dtype=torch.int64).unsqueeze(1) * num_envs

@@ -184,6 +184,11 @@ def _shard_tensors(
     return out
 
 
+def _shape(mode: str, fields: list[Field], T: int, N: int, plan: ShardPlan, shard: int, rows: Rows) -> dict:
+    """:func:`_shard_tensors` as a picklable work-unit step (``partial`` over the mode, fields and sizes)."""
+    return _shard_tensors(mode, plan, shard, rows, fields, T, N)
+
+
 def _job(source: RolloutReader | list[RolloutReader], options: BatchOptions) -> ExportJob:
     """``batch``'s export job for this source or dataset (checked against the options first). A dataset is one
     source of ``T x sum(N)`` (files side by side along envs: recurrent, distillation) or, feed-forward, of
@@ -225,6 +230,7 @@ def _job(source: RolloutReader | list[RolloutReader], options: BatchOptions) -> 
         read=read_rows,
         take=take_rows,
         shard_tensors=lambda p, shard, rows: _shard_tensors(options.mode, plan.passes[p], shard, rows, fields, T, N),
+        shape=partial(_shape, options.mode, fields, T, N),
         read_bytes=sum(f.row_bytes for f in fields),
         env_major=options.mode == "recurrent",
         env_concat=len(readers) > 1 and options.mode != "feedforward",
@@ -252,6 +258,7 @@ def run_batch(
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
+    engine: Any = None,
 ) -> dict[str, Any]:
     """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows), or
     from a dataset (a list of files, sorted; feed-forward: one shuffle over every row of every file; recurrent
@@ -268,4 +275,4 @@ def run_batch(
     else:
         _check_options(options)
         prepare = partial(_job, options=options)
-    return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress)
+    return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress, engine=engine)

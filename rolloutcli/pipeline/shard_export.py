@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import xxhash
 
-from rolloutcli.core.batching import BatchPlan
+from rolloutcli.core.batching import BatchPlan, block_rows
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
 from rolloutcli.hdf5.reader import RolloutReader
@@ -142,12 +142,7 @@ class Source:
 
     def rows(self, block: Block, env_concat: bool, total_envs: int) -> torch.Tensor:
         """``[steps * envs]`` int64 dataset rows of a block, time-major."""
-        t0, t1, n0, n1 = block
-        steps = torch.arange(t0, t1, dtype=torch.int64).unsqueeze(1)
-        envs = torch.arange(n0, n1, dtype=torch.int64).unsqueeze(0)
-        if env_concat:
-            return (steps * total_envs + self.env_offset + envs).reshape(-1)
-        return (self.row_offset + steps * self.reader.N + envs).reshape(-1)
+        return block_rows(block, self.reader.N, (self.row_offset, self.env_offset), env_concat, total_envs)
 
 
 @dataclass
@@ -169,6 +164,7 @@ class ExportJob:
     read_bytes: int
     env_major: bool = False
     env_concat: bool = False  # a dataset's files side by side along envs (recurrent, distillation: one T)
+    shape: Callable[[Any, int, Rows], Mapping[str, torch.Tensor]] | None = None  # picklable shard_tensors by plan
     attrs: dict[str, Any] = field(default_factory=dict)
     group_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
     compression: str | None = None
@@ -250,6 +246,29 @@ def _export_passes(job: ExportJob, emitter: Emitter, folder: Path, sources: list
         out.finish()
 
 
+def _run_parallel(job: ExportJob, sources: list[Source], tmp: Path, run: RunOptions, engine: Any) -> dict:
+    from rolloutcli.pipeline.parallel_export import ExportSpec, run_parallel
+
+    assert job.shape is not None
+    spec = ExportSpec(
+        job.mode,
+        job.fields,
+        job.plan,
+        job.read,
+        job.take,
+        job.shape,
+        job.env_concat,
+        sum(s.reader.N for s in sources),
+        sum(s.reader.T * s.reader.N for s in sources),
+        run.safety,
+        run.max_memory,
+        attrs=job.attrs,
+        group_attrs=job.group_attrs,
+        compression=job.compression,
+    )
+    return run_parallel(spec, tmp, sources, engine)
+
+
 def _sources(readers: list[RolloutReader], job: ExportJob, budget: int) -> list[Source]:
     out, rows, envs = [], 0, 0
     for reader in readers:
@@ -266,11 +285,19 @@ def run_export(
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
+    engine: Any = None,
 ) -> dict[str, Any]:
     """Write the shard folder ``dst`` from ``src``; ``prepare(reader)`` checks the source, builds the job.
 
-    ``src`` a list of files (a dataset): ``prepare`` gets the list of their readers, in that order.
+    ``src`` a list of files (a dataset): ``prepare`` gets the list of their readers, in that order. ``engine``
+    (:class:`~rolloutcli.pipeline.engine.EngineOptions`) with more than one worker or Ray: the map and reduce
+    units of :mod:`~rolloutcli.pipeline.parallel_export` (jobs with a ``shape``), the same bytes.
     """
+    parallel = engine is not None and (engine.engine == "ray" or engine.workers > 1)
+    if parallel:
+        from rolloutcli.pipeline.engine import start_engine
+
+        start_engine(engine)
     progress = progress or Progress()
     started = time.perf_counter()
     srcs = [Path(p) for p in src] if isinstance(src, (list, tuple)) else [Path(src)]
@@ -288,7 +315,10 @@ def run_export(
                     job.plan, writer, job.fields, progress, job.shard_tensors, buffer_sets=1 if streamed else 2
                 )
                 progress.start(job.label, sum(len(p.sizes) for p in passes) + len(passes) * blocks)
-                _export_passes(job, emitter, tmp, sources, run.max_memory)
+                if parallel and job.shape is not None:
+                    writer.results.update(_run_parallel(job, sources, tmp, run, engine))
+                else:
+                    _export_passes(job, emitter, tmp, sources, run.max_memory)
                 writer.wait()
                 entries = emitter.entries()  # every shard's hash is known now
                 write_manifest(tmp, _manifest(sources, job, source_hash.result(), entries))
