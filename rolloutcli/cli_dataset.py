@@ -35,11 +35,14 @@ ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue a dataset ru
 
 
 def engine_options(engine: str, workers: int, address: str | None, locking: bool | None) -> Any:
-    """The engine options, checked (exit 2)."""
+    """The engine options, checked (exit 2); ``--[no-]hdf5-locking`` also applies to this process's own opens."""
+    import os
+
     from rolloutcli.pipeline.engine import EngineOptions, check_engine
 
     options = EngineOptions(engine, workers, address, locking)
     check_engine(options)
+    os.environ.update(options.env())
     return options
 
 

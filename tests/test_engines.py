@@ -64,24 +64,6 @@ def run(runs: Path, dst: Path, engine: EngineOptions, unit=gae_unit) -> dict:
     return run_dataset(resolve([runs]), dst, "gae", {}, unit, engine)
 
 
-def test_local_workers_1_and_2_same_bytes_and_a_retried_unit(runs: Path, tmp_path: Path) -> None:
-    run(runs, tmp_path / "w1", EngineOptions(workers=1))
-    run(runs, tmp_path / "w2", EngineOptions(workers=2))
-    assert tree(tmp_path / "w1") == tree(tmp_path / "w2")
-    marker = tmp_path / "marker"
-    run(runs, tmp_path / "retried", EngineOptions(workers=2), lambda s, o: (failing_once, (marker, s, o)))
-    assert marker.exists() and tree(tmp_path / "retried") == tree(tmp_path / "w1")
-
-
-def test_local_worker_dying_publishes_nothing(runs: Path, tmp_path: Path) -> None:
-    marker = tmp_path / "marker"
-    with pytest.raises(RolloutError, match="a worker process died") as error:
-        run(runs, tmp_path / "out", EngineOptions(workers=2), lambda s, o: (dying_once, (marker, s, o)))
-    assert error.value.exit_code == 3 and not (tmp_path / "out").exists()
-    assert partial_folder(tmp_path / "out").is_dir()  # kept for --resume
-    assert sorted(p.name for p in runs.iterdir()) == ["r0.h5", "r1.h5", "r2.h5", "r3.h5"]  # inputs untouched
-
-
 def test_ray_two_nodes_same_bytes_and_a_dying_task_retried(ray_cluster, runs: Path, tmp_path: Path) -> None:
     assert len([n for n in ray_cluster.nodes() if n["Alive"]]) == 2
     run(runs, tmp_path / "local", EngineOptions())
@@ -100,6 +82,34 @@ def test_ray_cli_and_unreachable_address(ray_cluster, cli, runs: Path, tmp_path:
     code, _, err = cli("gae", runs, "-o", tmp_path / "x", "--engine", "ray", "--address", "127.0.0.1:9")
     assert code == 3 and "127.0.0.1:9: cannot reach the Ray cluster" in err
     assert not (tmp_path / "x").exists() and not partial_folder(tmp_path / "x").exists()
+
+
+def test_batch_on_ray_same_bytes(ray_cluster, cli, runs: Path, tmp_path: Path) -> None:
+    data = gae_files(cli, runs, tmp_path / "gae")
+    args = ["-m", 4, "--epochs", 2, "--max-memory", "16K"]
+    assert cli("batch", data, "-o", tmp_path / "local", *args)[0] == 0
+    code, _, err = cli("batch", data, "-o", tmp_path / "ray", *args, "--engine", "ray")
+    assert code == 0, err
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gae", "local", "ray", "runs"]
+
+
+def test_local_workers_1_and_2_same_bytes_and_a_retried_unit(runs: Path, tmp_path: Path) -> None:
+    run(runs, tmp_path / "w1", EngineOptions(workers=1))
+    run(runs, tmp_path / "w2", EngineOptions(workers=2))
+    assert tree(tmp_path / "w1") == tree(tmp_path / "w2")
+    marker = tmp_path / "marker"
+    run(runs, tmp_path / "retried", EngineOptions(workers=2), lambda s, o: (failing_once, (marker, s, o)))
+    assert marker.exists() and tree(tmp_path / "retried") == tree(tmp_path / "w1")
+
+
+def test_local_worker_dying_publishes_nothing(runs: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    with pytest.raises(RolloutError, match="a worker process died") as error:
+        run(runs, tmp_path / "out", EngineOptions(workers=2), lambda s, o: (dying_once, (marker, s, o)))
+    assert error.value.exit_code == 3 and not (tmp_path / "out").exists()
+    assert partial_folder(tmp_path / "out").is_dir()  # kept for --resume
+    assert sorted(p.name for p in runs.iterdir()) == ["r0.h5", "r1.h5", "r2.h5", "r3.h5"]  # inputs untouched
 
 
 def test_without_ray_engine_ray_exits_2_saying_how_to_install(monkeypatch, cli, runs: Path, tmp_path: Path) -> None:
@@ -143,13 +153,3 @@ def test_batch_distillation_on_workers_same_bytes(cli, tmp_path: Path) -> None:
     assert cli("batch", SAMPLE, "-o", tmp_path / "one", "-m", 4, "--distillation")[0] == 0
     assert cli("batch", SAMPLE, "-o", tmp_path / "two", "-m", 4, "--distillation", "--workers", 2)[0] == 0
     assert tree(tmp_path / "one") == tree(tmp_path / "two")
-
-
-def test_batch_on_ray_same_bytes(ray_cluster, cli, runs: Path, tmp_path: Path) -> None:
-    data = gae_files(cli, runs, tmp_path / "gae")
-    args = ["-m", 4, "--epochs", 2, "--max-memory", "16K"]
-    assert cli("batch", data, "-o", tmp_path / "local", *args)[0] == 0
-    code, _, err = cli("batch", data, "-o", tmp_path / "ray", *args, "--engine", "ray")
-    assert code == 0, err
-    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gae", "local", "ray", "runs"]
