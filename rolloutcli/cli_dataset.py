@@ -16,7 +16,7 @@ from rolloutcli.errors import EXIT_USAGE, RolloutError
 
 FilesArg = Annotated[
     list[str],
-    typer.Argument(metavar="FILE...", help="Rollout files, directories or globs (a dataset: -o names a folder)."),
+    typer.Argument(metavar="FILE", help="Rollout files, directories or globs (a dataset: -o names a folder)."),
 ]
 EngineOpt = Annotated[str, typer.Option("--engine", metavar="local|ray", help="Run work units locally or on Ray.")]
 WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=1024, help="Processes of the local engine.")]
@@ -35,14 +35,11 @@ ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue a dataset ru
 
 
 def engine_options(engine: str, workers: int, address: str | None, locking: bool | None) -> Any:
-    """The engine options, checked (exit 2); ``--[no-]hdf5-locking`` also applies to this process's own opens."""
-    import os
-
+    """The engine options, checked (exit 2)."""
     from rolloutcli.pipeline.engine import EngineOptions, check_engine
 
     options = EngineOptions(engine, workers, address, locking)
     check_engine(options)
-    os.environ.update(options.env())
     return options
 
 

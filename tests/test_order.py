@@ -61,3 +61,10 @@ def test_feedforward_plan_streams_the_keyed_order() -> None:
         assert p.order == order
         assert torch.equal(torch.cat([p.rows_of(s) for s in range(3)]), order.rows())
         assert torch.equal(p.positions_of(torch.arange(70)), order.positions(torch.arange(70)))
+
+
+def test_huge_ranges_need_no_per_row_state() -> None:
+    order = RowOrder(3, 10**12)  # a randperm of it would need 8 TB
+    rows = order.rows(10**12 - 1000, 10**12)
+    assert rows.numel() == 1000 and int(rows.min()) >= 0 and int(rows.max()) < 10**12
+    assert torch.equal(order.positions(rows), torch.arange(10**12 - 1000, 10**12))

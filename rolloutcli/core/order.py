@@ -74,9 +74,9 @@ class RowOrder:
         x = np.asarray(values, dtype=np.int64).reshape(-1)
         if x.size and (x.min() < 0 or x.max() >= self.n):
             raise ValueError(f"values must lie in [0, {self.n})")
-        out = x.astype(np.uint64)
-        todo = np.arange(out.size)
         with np.errstate(over="ignore"):
+            out = self._network(x.astype(np.uint64), inverse)
+            todo = np.flatnonzero(out >= np.uint64(self.n))  # cycle walking: values past n step again
             while todo.size:
                 out[todo] = self._network(out[todo], inverse)
                 todo = todo[out[todo] >= np.uint64(self.n)]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,8 @@ Unit = tuple[Callable[..., Any], tuple[Any, ...]]  # (module-level function, its
 @dataclass(frozen=True)
 class EngineOptions:
     """``--engine``, ``--workers``, ``--address`` (ray), ``--hdf5-locking`` (None: HDF5's default; False for
-    file systems without locks, e.g. NFS: sets ``HDF5_USE_FILE_LOCKING=FALSE`` in every worker)."""
+    file systems without locks, e.g. NFS: ``HDF5_USE_FILE_LOCKING=FALSE`` while each unit runs; the driver's own
+    opens follow the driver's environment)."""
 
     engine: str = "local"
     workers: int = 1
@@ -66,16 +68,31 @@ class _Failed:
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str]) -> Any:
     """Run one unit; an ``OSError`` (a flaky file system) is retried up to ``RETRIES`` times, safe because a unit
     rewrites its whole output; a worker that dies is retried by Ray (``max_retries``), fails a local run."""
-    os.environ.update(env)
-    for attempt in range(RETRIES + 1):
-        try:
-            return fn(*args)
-        except RolloutError as error:
-            return _Failed(str(error), error.exit_code, tuple(error.problems))
-        except OSError:
-            if attempt == RETRIES:
-                raise
+    with _environment(env):
+        for attempt in range(RETRIES + 1):
+            try:
+                return fn(*args)
+            except RolloutError as error:
+                return _Failed(str(error), error.exit_code, tuple(error.problems))
+            except OSError:
+                if attempt == RETRIES:
+                    raise
     raise AssertionError("unreachable")
+
+
+@contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set while a unit runs (restored after: the unit may run in the driver's own process)."""
+    old = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def start_engine(options: EngineOptions) -> None:
