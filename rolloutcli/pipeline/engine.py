@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import socket
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -120,22 +120,41 @@ def run_units(units: Sequence[Unit], options: EngineOptions, done: Callable[[int
         for index, (fn, args) in enumerate(units):
             finished(index, _call(fn, args, options.env()))
     else:
-        # forkserver: workers fork from a clean server (no driver threads), which imports the units' modules once
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(sorted({fn.__module__ for fn, _ in units}))
-        workers = min(options.workers, len(units))
-        try:
-            with ProcessPoolExecutor(workers, mp_context=context) as pool:
-                futures = {pool.submit(_call, fn, args, options.env()): i for i, (fn, args) in enumerate(units)}
-                for future, index in futures.items():  # in submission order: a failure is the first failing unit's
-                    finished(index, future.result())
-        except BrokenProcessPool as exc:
-            raise RolloutError(
-                "--engine local: a worker process died (out of memory or killed); nothing was published. "
-                "Rerun with --resume to continue.",
-                exit_code=EXIT_IO,
-            ) from exc
+        _run_pool(units, options, finished)
     return results
+
+
+_POOLS: dict[int, ProcessPoolExecutor] = {}  # reused by the steps of one command (map, then reduce)
+
+
+def _pool(workers: int, modules: list[str]) -> ProcessPoolExecutor:
+    """A pool of ``workers`` processes forked from a clean server (no driver threads) that imports ``modules``
+    once (the first pool's units' modules)."""
+    if workers not in _POOLS:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(modules)
+        _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=context)
+    return _POOLS[workers]
+
+
+def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
+    workers = min(options.workers, len(units))
+    pool = _pool(workers, sorted({fn.__module__ for fn, _ in units}))
+    futures = {pool.submit(_call, fn, args, options.env()): i for i, (fn, args) in enumerate(units)}
+    try:
+        for future, index in futures.items():  # in submission order: a failure is the first failing unit's
+            finished(index, future.result())
+    except BrokenProcessPool as exc:
+        _POOLS.pop(workers, None)
+        raise RolloutError(
+            "--engine local: a worker process died (out of memory or killed); nothing was published. "
+            "Rerun with --resume to continue.",
+            exit_code=EXIT_IO,
+        ) from exc
+    finally:  # on a failure, let running units end before the caller removes the folder they write into
+        for future in futures:
+            future.cancel()
+        wait(futures)
 
 
 def import_ray() -> Any:
