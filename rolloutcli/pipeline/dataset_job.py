@@ -23,7 +23,7 @@ from rolloutcli.dataset import Dataset
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file
 from rolloutcli.hdf5.rename import rename_noreplace
-from rolloutcli.pipeline.engine import EngineOptions, Unit, run_units, start_engine
+from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
 
 DATASET_FORMAT = "rolloutcli.dataset"
 DATASET_VERSION = 1
@@ -154,7 +154,10 @@ def run_dataset(
         finished = [e for e in inputs if e["name"] in outputs]
         _write_record(tmp, {**record, "inputs": finished, "outputs": [outputs[e["name"]] for e in finished]})
 
-    run_units(units, engine, done)
+    try:
+        run_units(units, engine, done)
+    finally:
+        close_pools()
     _write_record(tmp, {**record, "inputs": inputs, "outputs": [outputs[e["name"]] for e in inputs]})
     _publish(tmp, dst, overwrite)
     return {

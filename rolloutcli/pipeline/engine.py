@@ -137,6 +137,12 @@ def _pool(workers: int, modules: list[str]) -> ProcessPoolExecutor:
     return _POOLS[workers]
 
 
+def close_pools() -> None:
+    """Shut the local pools down (a command calls it when its units are done: idle workers must not outlive it)."""
+    while _POOLS:
+        _POOLS.popitem()[1].shutdown(wait=True, cancel_futures=True)
+
+
 def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
     workers = min(options.workers, len(units))
     pool = _pool(workers, sorted({fn.__module__ for fn, _ in units}))

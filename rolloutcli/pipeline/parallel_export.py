@@ -23,6 +23,7 @@ from rolloutcli.core.batching import BatchPlan, ShardPlan, block_rows, scatter_r
 from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import FORMAT_VERSION, SHARD_FORMAT, ShardWriter
+from rolloutcli.pipeline.engine import close_pools, run_units
 from rolloutcli.pipeline.scatter import Field, Rows, aligned
 
 MAP = ".map"
@@ -126,9 +127,14 @@ def reduce_shard(spec: ExportSpec, pass_index: int, shard: int, name: str) -> tu
 
 def run_parallel(spec: ExportSpec, folder: Path, sources: list[Any], engine: Any) -> dict[str, tuple[int, str]]:
     """Maps then reduces on ``engine`` into ``folder``; returns each shard file's ``(bytes, sha256)``."""
-    from rolloutcli.pipeline.engine import run_units
+    try:
+        return _map_reduce(replace(spec, folder=folder), sources, engine)
+    finally:
+        close_pools()
 
-    spec = replace(spec, folder=folder)
+
+def _map_reduce(spec: ExportSpec, sources: list[Any], engine: Any) -> dict[str, tuple[int, str]]:
+    folder = spec.folder
     maps = [
         (map_block, (spec, Path(source.reader.path).absolute(), block, (source.row_offset, source.env_offset), tag))
         for i, source in enumerate(sources)
