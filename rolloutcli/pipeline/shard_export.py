@@ -326,7 +326,8 @@ def run_export(
             progress.finish()
     seconds = time.perf_counter() - started
     written = sum(size for size, _ in writer.results.values())
-    T, N = readers[0].T, sum(r.N for r in readers)
+    steps = {r.T for r in readers}
+    T, N = (steps.pop() if len(steps) == 1 else None), sum(r.N for r in readers)  # T: None for mixed lengths
     return {
         "input": str(srcs[0]) if len(srcs) == 1 else [str(p) for p in srcs],
         "output": str(dst),
