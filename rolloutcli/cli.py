@@ -37,6 +37,19 @@ from rolloutcli.cli_common import (
     flag,
     run_options,
 )
+from rolloutcli.cli_dataset import (
+    AddressOpt,
+    EngineOpt,
+    FilesArg,
+    LockingOpt,
+    ResumeOpt,
+    WorkersOpt,
+    engine_options,
+    per_file,
+    render_dataset,
+    render_inspect_dataset,
+    resolve_inputs,
+)
 from rolloutcli.cli_import import import_command
 from rolloutcli.errors import (
     EXIT_HANGUP,
@@ -94,7 +107,7 @@ def root(
 
 @app.command(epilog=_example("rolloutcli inspect sample_data/cartpole_gru.h5 --json"))
 def inspect(
-    file: FileArg,
+    files: FilesArg,
     json_output: JsonOpt = False,
     strict: flag("--strict", text="Exit 1 when the data has problems.") = False,
     max_memory: MemoryOpt = "1G",
@@ -105,8 +118,16 @@ def inspect(
     from rolloutcli.pipeline.inspect import run_inspect
     from rolloutcli.render import render_inspect
 
-    report = run_inspect(file, run_options(max_memory, allow_external), RichProgress(quiet))
-    emit(report, render_inspect, json_output, quiet)
+    dataset = resolve_inputs(files)
+    file = dataset.files[0] if not dataset.many else dataset.root
+    if dataset.many:
+        from rolloutcli.pipeline.inspect_dataset import run_inspect_dataset
+
+        report = run_inspect_dataset(dataset, run_options(max_memory, allow_external), RichProgress(quiet))
+        emit(report, render_inspect_dataset, json_output, quiet)
+    else:
+        report = run_inspect(file, run_options(max_memory, allow_external), RichProgress(quiet))
+        emit(report, render_inspect, json_output, quiet)
     if strict and report["warnings"]:
         where = "run without -q to see them" if quiet and not json_output else "listed above"
         raise RolloutError(f"{file}: --strict: {len(report['warnings'])} warnings ({where}).")
@@ -114,7 +135,7 @@ def inspect(
 
 @app.command(epilog=_example("rolloutcli gae sample_data/cartpole_gru.h5 -o run_gae.h5 --gamma 0.99 --lam 0.95"))
 def gae(
-    file: Annotated[Path, typer.Argument(metavar="FILE", help="Rollout file (.h5) with values and last_values.")],
+    files: FilesArg,
     output: FileOutputOpt = None,
     gamma: Annotated[float, typer.Option("--gamma", help="Discount factor.", **UnitFloat)] = 0.99,
     lam: Annotated[float, typer.Option("--lam", help="GAE lambda.", **UnitFloat)] = 0.95,
@@ -134,28 +155,54 @@ def gae(
     ] = LastValues.recorded,
     in_place: flag("--in-place", text="Add the results to FILE itself (atomically).") = False,
     overwrite: OverwriteOpt = False,
+    resume: ResumeOpt = False,
+    engine: EngineOpt = "local",
+    workers: WorkersOpt = 1,
+    address: AddressOpt = None,
+    hdf5_locking: LockingOpt = None,
     json_output: JsonOpt = False,
     max_memory: MemoryOpt = "1G",
     allow_external: ExternalOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Compute GAE advantages and returns as RSL-RL does; write FILE + advantages, returns."""
+    from dataclasses import asdict
+
     from rolloutcli.pipeline.gae import GaeOptions, run_gae
     from rolloutcli.render import render_gae
 
     if in_place and output is not None:
         raise RolloutError("gae: expected either -o OUT.h5 or --in-place, found both.", exit_code=EXIT_USAGE)
-    run = run_options(max_memory, allow_external)
+    run, runner = run_options(max_memory, allow_external), engine_options(engine, workers, address, hdf5_locking)
     options = GaeOptions(gamma, lam, normalize, bootstrap_timeouts, last_values.value)
-    summary = run_gae(file, output, options, run, overwrite=overwrite, in_place=in_place, progress=RichProgress(quiet))
-    emit(summary, render_gae, json_output, quiet, file if in_place else output)
+
+    def single(file: Path) -> dict[str, Any]:
+        summary = run_gae(
+            file, output, options, run, overwrite=overwrite, in_place=in_place, progress=RichProgress(quiet)
+        )
+        emit(summary, render_gae, json_output, quiet, file if in_place else output)
+        return summary
+
+    if in_place and resolve_inputs(files).many:
+        raise RolloutError("--in-place: expected one file, found a dataset; use -o FOLDER.", exit_code=EXIT_USAGE)
+    summary = per_file(
+        "gae",
+        files,
+        output,
+        asdict(options),
+        lambda src, out: (run_gae, (src, out, options, run)),
+        runner,
+        overwrite=overwrite,
+        resume=resume,
+        single=single,
+    )
+    if "reused" in summary:
+        emit(summary, render_dataset, json_output, quiet, output)
 
 
 @app.command(epilog=_example("rolloutcli split sample_data/cartpole_gru.h5 -o trajectories.h5 --pad-to longest"))
 def split(
-    file: Annotated[
-        Path, typer.Argument(metavar="FILE", help="Rollout file (.h5), or with --unpad a file written by split.")
-    ],
+    files: FilesArg,
     output: FileOutputOpt = None,
     pad_to: Annotated[
         PadTo, typer.Option("--pad-to", help="rollout: L = T, as RSL-RL; longest: L = the longest trajectory.")
@@ -166,6 +213,11 @@ def split(
     ] = None,
     unpad: flag("--unpad", text="Restore the [T, N, ...] rollout from split output.") = False,
     overwrite: OverwriteOpt = False,
+    resume: ResumeOpt = False,
+    engine: EngineOpt = "local",
+    workers: WorkersOpt = 1,
+    address: AddressOpt = None,
+    hdf5_locking: LockingOpt = None,
     json_output: JsonOpt = False,
     device: DeviceOpt = "auto",
     max_memory: MemoryOpt = "1G",
@@ -178,14 +230,25 @@ def split(
 
     if output is None:
         raise RolloutError("split: expected an output path (-o OUT.h5), found none.", exit_code=EXIT_USAGE)
-    run = run_options(max_memory, allow_external, device)
-    progress = RichProgress(quiet)
-    if unpad:
-        summary = run_unpad(file, output, run, overwrite=overwrite, progress=progress)
-    else:
-        options = SplitOptions(pad_to.value, max_length)
-        summary = run_split(file, output, options, run, overwrite=overwrite, progress=progress)
-    emit(summary, render_split, json_output, quiet, output)
+    run, runner = (
+        run_options(max_memory, allow_external, device),
+        engine_options(engine, workers, address, hdf5_locking),
+    )
+    options = SplitOptions(pad_to.value, max_length)
+
+    def unit(src: Path, out: Path) -> Any:
+        return (run_unpad, (src, out, run)) if unpad else (run_split, (src, out, options, run))
+
+    def single(file: Path) -> dict[str, Any]:
+        fn, args = unit(file, output)
+        summary = fn(*args, overwrite=overwrite, progress=RichProgress(quiet))
+        emit(summary, render_split, json_output, quiet, output)
+        return summary
+
+    record = {"unpad": True} if unpad else {"pad_to": options.pad_to, "max_length": options.max_length}
+    summary = per_file("split", files, output, record, unit, runner, overwrite=overwrite, resume=resume, single=single)
+    if "reused" in summary:
+        emit(summary, render_dataset, json_output, quiet, output)
 
 
 app.command(

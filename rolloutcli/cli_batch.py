@@ -6,7 +6,6 @@ command so ``rolloutcli --help`` stays fast.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -25,6 +24,15 @@ from rolloutcli.cli_common import (
     flag,
     run_options,
 )
+from rolloutcli.cli_dataset import (
+    AddressOpt,
+    EngineOpt,
+    FilesArg,
+    LockingOpt,
+    WorkersOpt,
+    engine_options,
+    resolve_inputs,
+)
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.render import RichProgress, render_batch
 
@@ -42,9 +50,6 @@ def _groups(observations: str | None) -> tuple[str, ...] | None:
     return groups
 
 
-FileArg = Annotated[
-    Path, typer.Argument(metavar="FILE", help="Rollout file (.h5); RL modes need advantages/returns (run gae).")
-]
 MiniBatchesOpt = Annotated[
     int | None, count_option("--num-mini-batches", "-m", text="Mini-batches per epoch (or --batch-size).", metavar="M")
 ]
@@ -71,7 +76,7 @@ GroupsOpt = Annotated[
 
 
 def batch(
-    file: FileArg,
+    files: FilesArg,
     num_mini_batches: MiniBatchesOpt = None,
     output: FolderOutputOpt = None,
     batch_size: BatchSizeOpt = None,
@@ -86,6 +91,10 @@ def batch(
     across_episodes: AcrossOpt = False,
     observations: GroupsOpt = None,
     overwrite: OverwriteOpt = False,
+    engine: EngineOpt = "local",
+    workers: WorkersOpt = 1,
+    address: AddressOpt = None,
+    hdf5_locking: LockingOpt = None,
     json_output: JsonOpt = False,
     max_memory: MemoryOpt = "1G",
     allow_external: ExternalOpt = False,
@@ -108,6 +117,7 @@ def batch(
     # The export is file I/O and row copies on the CPU (orders are drawn on the CPU so shards are the same
     # on every machine): no --device; ShardDataset picks where batches go.
     run = run_options(max_memory, allow_external)
+    runner = engine_options(engine, workers, address, hdf5_locking)
     compression = compression and compression.value
     from rolloutcli.pipeline.batch import BatchOptions, HistoryOptions, run_batch
 
@@ -131,5 +141,7 @@ def batch(
         options = BatchOptions(
             num_mini_batches or 0, epochs, seed, mode, rsl_parity, shuffle_envs, compression, batch_size=batch_size
         )
-    summary = run_batch(file, output, options, run, overwrite=overwrite, progress=RichProgress(quiet))
+    dataset = resolve_inputs(files)
+    source = list(dataset.files) if dataset.many else dataset.files[0]
+    summary = run_batch(source, output, options, run, overwrite=overwrite, progress=RichProgress(quiet), engine=runner)
     emit(summary, render_batch, json_output, quiet, output)

@@ -223,9 +223,9 @@ class RolloutStorage:
 
         ``parity`` (default, RSL-RL's behaviour): one ``torch.randperm(M * (T * N // M))`` drawn on the first
         ``next()`` and reused every epoch, ``T * N % M`` rows never used; with ``generator=None`` it is drawn from
-        the global RNG on ``self.device``, exactly as RSL-RL does. ``parity=False``: a fresh
-        ``torch.randperm(T * N, generator=generator)`` every epoch (on the CPU), every row used once per epoch
-        (the order of ``rolloutcli batch`` with the same seed).
+        the global RNG on ``self.device``, exactly as RSL-RL does. ``parity=False``: every epoch a fresh
+        :class:`~rolloutcli.core.order.RowOrder` of the ``T * N`` rows keyed by the next draw of ``generator``
+        (on the CPU), every row used once per epoch (the order of ``rolloutcli batch`` with the same seed).
         """
         if self.training_type != "rl":
             raise ValueError("This function is only available for reinforcement learning training.")

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from rolloutcli import CircularBuffer, ShardDataset
 from rolloutcli.core.history import gather_windows, window_ends, window_mask, window_rows
+from rolloutcli.core.order import RowOrder, draw_key
 from rolloutcli.hdf5.shards import read_shard
 from rolloutcli.pipeline.batch import run_batch
 from rolloutcli.pipeline.history import HistoryOptions
@@ -167,7 +168,7 @@ def test_every_window_once_per_epoch_fresh_order_documented_permutation(source, 
         assert len(sizes) == M and max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
         order = np.concatenate([s["window_end"] * N + s["window_env"] for s in epoch_shards])
         assert sorted(order.tolist()) == ends.tolist()  # each eligible window exactly once, none dropped
-        assert np.array_equal(order, ends[torch.randperm(len(ends), generator=generator)].numpy())
+        assert np.array_equal(order, ends[RowOrder(draw_key(generator), len(ends)).rows()].numpy())
         orders.append(order)
     assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[1], orders[2])
 
@@ -241,7 +242,7 @@ def test_manifest_content(source, tmp_path, cli) -> None:
     }
     assert manifest["history"] == 3 and manifest["across_episodes"] is False and manifest["padding"] == "none"
     assert manifest["groups"] == ["policy"] and manifest["windows_per_epoch"] == manifest["rows_per_epoch"] == windows
-    assert "randperm(W)" in manifest["order"] and "reset after each done" in manifest["window"]
+    assert "feistel-cw bijection of W" in manifest["order"] and "reset after each done" in manifest["window"]
     assert manifest["fields"] == {
         "observations/policy": {"dtype": "float32", "row_shape": [3, 4]},
         "window_dones": {"dtype": "uint8", "row_shape": [3]},

@@ -4,6 +4,7 @@ Every mode is one :class:`ShardPlan`: the source rows of each mini-batch, mini-b
 
     rows  = [ rows of mini-batch 0 | rows of mini-batch 1 | ... ]        sizes = [B0, B1, ...]
     feed-forward:  a slice of a permutation of the rows                   (slot i = i-th row drawn)
+                   (default: a :class:`~rolloutcli.core.order.RowOrder`, computed per slice, never held whole)
     recurrent:     t * N + env_ids[j] for t < T, j < G  (slot t * G + j)  -> viewed as [T, G, ...]
     distillation:  t * N + n for t in [start, stop), n < N                -> viewed as [steps, N, ...]
 
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
+
+from rolloutcli.core.order import RowOrder, draw_key
 
 MODES = ("feedforward", "recurrent", "distillation")
 
@@ -43,9 +46,17 @@ class ShardPlan:
     """The mini-batches of one pass (one epoch, or every epoch when they all share one order)."""
 
     sizes: tuple[int, ...]  # rows of each mini-batch
-    rows: torch.Tensor  # [sum(sizes)] int64 source rows t * N + n, mini-batch after mini-batch, in slot order
+    rows: torch.Tensor | None  # [sum(sizes)] int64 source rows t * N + n, mini-batch after mini-batch, slot order
     envs: tuple[torch.Tensor, ...] | None = None  # recurrent: each mini-batch's env ids ([G] int64, ascending)
     steps: tuple[tuple[int, int], ...] | None = None  # distillation: each mini-batch's (start, stop) steps
+    order: RowOrder | None = None  # instead of rows: row at position p is order.rows(p) (streamed, no per-row state)
+
+    def all_rows(self) -> torch.Tensor:
+        """``rows``, computed from ``order`` when the plan has no per-row array."""
+        if self.rows is not None:
+            return self.rows
+        assert self.order is not None
+        return self.order.rows(0, self.offsets[-1])
 
     @cached_property
     def offsets(self) -> list[int]:
@@ -53,14 +64,24 @@ class ShardPlan:
         return list(itertools.accumulate(self.sizes, initial=0))
 
     def rows_of(self, shard: int) -> torch.Tensor:
-        """``[sizes[shard]]`` int64 source rows of one mini-batch in slot order (a view of ``rows``)."""
+        """``[sizes[shard]]`` int64 source rows of one mini-batch in slot order."""
+        if self.rows is None:
+            assert self.order is not None
+            return self.order.rows(self.offsets[shard], self.offsets[shard + 1])
         return self.rows[self.offsets[shard] : self.offsets[shard + 1]]
 
     def positions(self, num_rows: int) -> torch.Tensor:
         """Inverse of ``rows``: ``[num_rows]`` int64, the position of each source row in ``rows``, -1 if unused."""
+        if self.rows is None:
+            return self.positions_of(torch.arange(num_rows, dtype=torch.int64))
         out = torch.full((num_rows,), -1, dtype=torch.int64)
         out[self.rows] = torch.arange(self.rows.numel(), dtype=torch.int64)
         return out
+
+    def positions_of(self, rows: torch.Tensor) -> torch.Tensor:
+        """The position of each of ``rows`` (any shape, int64) in a pass with an ``order`` (streamed)."""
+        assert self.order is not None, "positions_of needs a streamed order; use positions()"
+        return self.order.positions(rows)
 
 
 @dataclass(frozen=True)
@@ -77,15 +98,18 @@ class BatchPlan:
 def feedforward_order(
     num_rows: int, num_mini_batches: int, *, parity: bool, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """One epoch's order: ``torch.randperm`` of all rows, or with parity of RSL-RL's first ``M * (rows // M)``."""
-    count = num_mini_batches * (num_rows // num_mini_batches) if parity else num_rows
-    return torch.randperm(count, generator=generator)
+    """One epoch's order: with parity RSL-RL's ``torch.randperm`` of the first ``M * (rows // M)`` rows; else the
+    :class:`RowOrder` of all rows keyed by the next draw of ``generator`` (``batch --seed S``'s epoch order)."""
+    if parity:
+        return torch.randperm(num_mini_batches * (num_rows // num_mini_batches), generator=generator)
+    return RowOrder(draw_key(generator), num_rows).rows()
 
 
 def feedforward_plan(
     num_steps: int, num_envs: int, num_mini_batches: int, num_epochs: int, *, parity: bool, generator: torch.Generator
 ) -> BatchPlan:
-    """Feed-forward: epoch e cuts the e-th ``randperm(T * N)`` into ``M`` near-equal mini-batches; with ``parity``,
+    """Feed-forward: epoch e cuts the e-th :class:`RowOrder` of ``T * N`` rows (keyed by the e-th
+    :func:`draw_key` of ``generator``) into ``M`` near-equal mini-batches; with ``parity``,
     RSL-RL's one ``randperm(M * (T * N // M))`` reused every epoch, ``T * N % M`` rows dropped."""
     num_rows = num_steps * num_envs
     if parity:
@@ -93,10 +117,7 @@ def feedforward_plan(
         plan = ShardPlan(tuple(parity_sizes(num_rows, num_mini_batches)), order)
         return BatchPlan("feedforward", [plan], [0] * num_epochs, dropped_rows=num_rows - order.numel())
     sizes = tuple(split_sizes(num_rows, num_mini_batches))
-    passes = [
-        ShardPlan(sizes, feedforward_order(num_rows, num_mini_batches, parity=False, generator=generator))
-        for _ in range(num_epochs)
-    ]
+    passes = [ShardPlan(sizes, None, order=RowOrder(draw_key(generator), num_rows)) for _ in range(num_epochs)]
     return BatchPlan("feedforward", passes, list(range(num_epochs)))
 
 
@@ -111,6 +132,20 @@ def recurrent_groups(
     sizes = parity_sizes(num_envs, num_mini_batches) if parity else split_sizes(num_envs, num_mini_batches)
     envs = torch.randperm(num_envs, generator=generator) if shuffle else torch.arange(num_envs)
     return [torch.sort(group).values if shuffle else group for group in torch.split(envs[: sum(sizes)], sizes)]
+
+
+def block_rows(
+    block: tuple[int, int, int, int], num_envs: int, offsets: tuple[int, int], env_concat: bool, total_envs: int
+) -> torch.Tensor:
+    """``[steps * envs]`` int64 dataset rows of a block ``(t0, t1, n0, n1)`` of a file of ``num_envs`` envs, time-major:
+    ``row_offset + t * num_envs + n``, or with ``env_concat`` (files side by side along envs, one T)
+    ``t * total_envs + env_offset + n``, where ``offsets = (row_offset, env_offset)``. One file: ``t * N + n``."""
+    t0, t1, n0, n1 = block
+    steps = torch.arange(t0, t1, dtype=torch.int64).unsqueeze(1)
+    envs = torch.arange(n0, n1, dtype=torch.int64).unsqueeze(0)
+    if env_concat:
+        return (steps * total_envs + offsets[1] + envs).reshape(-1)
+    return (offsets[0] + steps * num_envs + envs).reshape(-1)
 
 
 def recurrent_rows(num_steps: int, num_envs: int, envs: torch.Tensor) -> torch.Tensor:

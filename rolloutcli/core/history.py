@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from rolloutcli.core.batching import BatchPlan, ShardPlan, gather_rows, split_sizes
+from rolloutcli.core.order import RowOrder, draw_key
 
 
 def window_mask(dones: torch.Tensor, history: int, *, across_episodes: bool = False) -> torch.Tensor:
@@ -60,9 +61,10 @@ def gather_windows(
 def history_plan(
     ends: torch.Tensor, num_mini_batches: int, num_epochs: int, *, generator: torch.Generator
 ) -> BatchPlan:
-    """Mini-batches of the eligible windows ``ends``: epoch e cuts the e-th ``torch.randperm(W)`` into near-equal
-    mini-batches (every window once per epoch); a pass's ``rows`` are window ends. ValueError: fewer windows
-    than mini-batches."""
+    """Mini-batches of the eligible windows ``ends``: epoch e cuts ``ends`` in the e-th :class:`RowOrder` of ``W``
+    (keyed by the e-th :func:`draw_key` of ``generator``) into near-equal mini-batches (every window once per
+    epoch); a pass's ``rows`` are window ends. ValueError: fewer windows than mini-batches."""
     sizes = tuple(split_sizes(ends.numel(), num_mini_batches))
-    passes = [ShardPlan(sizes, ends[torch.randperm(ends.numel(), generator=generator)]) for _ in range(num_epochs)]
+    orders = [RowOrder(draw_key(generator), ends.numel()) for _ in range(num_epochs)]
+    passes = [ShardPlan(sizes, ends[order.rows()]) for order in orders]
     return BatchPlan("history", passes, list(range(num_epochs)))

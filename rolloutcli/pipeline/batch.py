@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
-from rolloutcli.core.batching import ShardPlan, gather_fields, plan_batches
+from rolloutcli.core.batching import BatchPlan, ShardPlan, gather_fields, plan_batches
+from rolloutcli.core.order import ALGORITHM, ORDER_VERSION, ROUNDS
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
+from rolloutcli.dataset import check_agreement
 from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
@@ -33,7 +35,8 @@ from rolloutcli.pipeline.shard_export import (
 )
 
 ORDER_TEXT = {
-    ("feedforward", False): "epoch e: the e-th torch.randperm(T*N) drawn from torch.Generator().manual_seed(seed); "
+    ("feedforward", False): "epoch e: the feistel-cw bijection of the T*N rows keyed by the e-th "
+    "torch.randint(0, 2**62) of torch.Generator().manual_seed(seed) (rolloutcli.core.order); "
     "M mini-batches whose sizes differ by at most one row",
     ("feedforward", True): "RSL-RL: one torch.randperm(M*(T*N//M)) from torch.Generator().manual_seed(seed), "
     "reused every epoch; T*N % M rows dropped",
@@ -44,6 +47,15 @@ ORDER_TEXT = {
     ("distillation", False): "RSL-RL generator() order: consecutive step ranges of all envs, sizes differing "
     "by at most one step, the same every epoch",
 }
+
+
+def order_record(plan: BatchPlan) -> dict[str, Any]:
+    """The manifest's ``order_version`` and, for streamed orders, the algorithm and each pass's key."""
+    keys = [p.order.key for p in plan.passes if p.order is not None]
+    if not keys:
+        return {"order_version": ORDER_VERSION}
+    algorithm = {"name": ALGORITHM, "rounds": ROUNDS, "keys": keys}
+    return {"order_version": ORDER_VERSION, "order_algorithm": algorithm}
 
 
 @dataclass(frozen=True)
@@ -79,7 +91,7 @@ def _check_options(options: BatchOptions) -> None:
         raise usage("--rsl-parity: distillation shards are always in RSL-RL's generator() order; drop it.")
 
 
-def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
+def _check_source(reader: RolloutReader, options: BatchOptions, T: int, N: int, whose: str = "file") -> None:
     fields, path = reader.schema.fields, reader.path
     if options.mode == "distillation":
         if "privileged_actions" not in fields:
@@ -96,24 +108,24 @@ def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
             fix = "Run `rolloutcli gae` first."
             problems = [problem_line(path, name, "a dataset [T, N]", "nothing", fix) for name in missing]
             raise RolloutError.many(path, problems)
-    limit = _items(reader, options.mode)
+    limit = _items(T, N, options.mode)
     if options.batch_size is not None and options.batch_size > limit[0]:
         raise usage(
-            f"--batch-size: expected at most {limit[0]} (the file's {limit[1]}), found {options.batch_size}; "
+            f"--batch-size: expected at most {limit[0]} (the {whose}'s {limit[1]}), found {options.batch_size}; "
             "a mini-batch cannot hold more than the data."
         )
     if options.num_mini_batches > limit[0]:
         raise usage(
-            f"--num-mini-batches: expected at most {limit[0]} (the file's {limit[1]}), "
+            f"--num-mini-batches: expected at most {limit[0]} (the {whose}'s {limit[1]}), "
             f"found {options.num_mini_batches}."
         )
 
 
-def _items(reader: RolloutReader, mode: str) -> tuple[int, str]:
+def _items(T: int, N: int, mode: str) -> tuple[int, str]:
     """What a mode cuts into mini-batches: the count and its name."""
     if mode == "feedforward":
-        return reader.T * reader.N, "rows (T*N)"
-    return (reader.N, "envs (N)") if mode == "recurrent" else (reader.T, "steps (T)")
+        return T * N, "rows (T*N)"
+    return (N, "envs (N)") if mode == "recurrent" else (T, "steps (T)")
 
 
 def _fields(reader: RolloutReader, mode: str) -> list[Field]:
@@ -128,6 +140,16 @@ def _fields(reader: RolloutReader, mode: str) -> list[Field]:
         if mode == "recurrent":
             pairs += [(path, path) for net in ("actor", "critic") for path in schema.hidden.get(net, [])]
     return export_fields(reader, pairs)
+
+
+def _check_dataset(files: list[Path], options: BatchOptions | HistoryOptions, run: RunOptions) -> None:
+    """What a dataset export refuses (exit 2), then the files' agreement (exit 1)."""
+    if isinstance(options, HistoryOptions):
+        raise usage("--history: expected one rollout file, found a dataset; export each file on its own.")
+    if options.rsl_parity:
+        raise usage("--rsl-parity: RSL-RL's order is for one file, found a dataset; drop --rsl-parity.")
+    same = None if options.mode == "feedforward" else f"batch --{options.mode}"
+    check_agreement(files, run.safety, same_steps=same)
 
 
 def read_rows(reader: RolloutReader, field: Field, block: Block) -> torch.Tensor:
@@ -181,12 +203,24 @@ def _shard_tensors(
     return out
 
 
-def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
-    """``batch``'s export job for this source (checked against the options first)."""
-    _check_source(reader, options)
+def _shape(mode: str, fields: list[Field], T: int, N: int, plan: ShardPlan, shard: int, rows: Rows) -> dict:
+    """:func:`_shard_tensors` as a picklable work-unit step (``partial`` over the mode, fields and sizes)."""
+    return _shard_tensors(mode, plan, shard, rows, fields, T, N)
+
+
+def _job(source: RolloutReader | list[RolloutReader], options: BatchOptions) -> ExportJob:
+    """``batch``'s export job for this source or dataset (checked against the options first). A dataset is one
+    source of ``T x sum(N)`` (files side by side along envs: recurrent, distillation) or, feed-forward, of
+    ``sum(T * N)`` rows (``1 x rows``: a feed-forward shard never looks at T or N)."""
+    readers = source if isinstance(source, list) else [source]
+    reader = readers[0]
+    T, N = reader.T, sum(r.N for r in readers)
+    if len(readers) > 1 and options.mode == "feedforward":
+        T, N = 1, sum(r.T * r.N for r in readers)
+    for each in readers:
+        _check_source(each, options, T, N, "dataset" if len(readers) > 1 else "file")
     if options.batch_size is not None:
-        options = replace(options, num_mini_batches=-(-_items(reader, options.mode)[0] // options.batch_size))
-    T, N = reader.T, reader.N
+        options = replace(options, num_mini_batches=-(-_items(T, N, options.mode)[0] // options.batch_size))
     fields = _fields(reader, options.mode)
     plan = plan_batches(
         options.mode,
@@ -220,13 +254,16 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
         read=read_rows,
         take=take_rows,
         shard_tensors=lambda p, shard, rows: _shard_tensors(options.mode, plan.passes[p], shard, rows, fields, T, N),
+        shape=partial(_shape, options.mode, fields, T, N),
         read_bytes=sum(f.row_bytes for f in fields),
         env_major=options.mode == "recurrent",
+        env_concat=len(readers) > 1 and options.mode != "feedforward",
         group_attrs={"distribution": {"order": distribution}} if exported else {},
         compression=options.compression,
         manifest={
             "options": options_record,
             "order": order,
+            **order_record(plan),
             "gae": gae,
             **common,
             "observation_keys": sorted(reader.schema.observation_keys),
@@ -238,23 +275,28 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
 
 
 def run_batch(
-    src: Path,
+    src: Path | list[Path],
     dst: Path,
     options: BatchOptions | HistoryOptions,
     run: RunOptions,
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
+    engine: Any = None,
 ) -> dict[str, Any]:
-    """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows).
+    """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows), or
+    from a dataset (a list of files, sorted; feed-forward: one shuffle over every row of every file; recurrent
+    and distillation: env groups or step ranges over all files' envs, which needs one T).
 
     Raises:
         RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
             a chunk (exit 2), missing fields (exit 1), I/O faults (exit 3).
     """
+    if isinstance(src, list):
+        _check_dataset(src, options, run)
     if isinstance(options, HistoryOptions):
         prepare = partial(history_job, options=options, budget=run.max_memory)
     else:
         _check_options(options)
         prepare = partial(_job, options=options)
-    return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress)
+    return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress, engine=engine)

@@ -20,7 +20,8 @@ from rolloutcli.hdf5.shards import read_region
 from rolloutcli.pipeline.shard_export import Block, ExportJob, Field, Rows, export_fields, usage
 
 ORDER_TEXT = (
-    "epoch e: the e-th torch.randperm(W) drawn from torch.Generator().manual_seed(seed), applied to the W "
+    "epoch e: the feistel-cw bijection of W keyed by the e-th torch.randint(0, 2**62) of "
+    "torch.Generator().manual_seed(seed) (rolloutcli.core.order), applied to the W "
     "eligible windows in ascending order of their newest step's row t*N+n; M mini-batches whose sizes differ "
     "by at most one window"
 )

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import xxhash
 
-from rolloutcli.core.batching import BatchPlan
+from rolloutcli.core.batching import BatchPlan, block_rows
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
 from rolloutcli.hdf5.reader import RolloutReader
@@ -44,22 +44,27 @@ from rolloutcli.pipeline.scatter import Emitter, Field, Rows, ShardScatter
 Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
 
 
-def _hash_file(path: Path, stop: threading.Event) -> str:
-    """The source's XXH3-128 (``xxh128sum FILE``), hashed beside the export: sha256 would make it wait."""
-    digest = xxhash.xxh3_128()
-    try:
-        with open(path, "rb") as handle:
-            while not stop.is_set() and (chunk := handle.read(8 << 20)):
-                digest.update(chunk)
-    except OSError as exc:
-        message = f"{path}: cannot read the file to hash it: {exc.strerror or exc}."
-        raise RolloutError(message, exit_code=EXIT_IO) from exc
-    return digest.hexdigest()
+def _hash_files(paths: list[Path], stop: threading.Event) -> list[str]:
+    """Each source's XXH3-128 (``xxh128sum FILE``), hashed beside the export: sha256 would make it wait."""
+    out = []
+    for path in paths:
+        digest = xxhash.xxh3_128()
+        try:
+            with open(path, "rb") as handle:
+                while not stop.is_set() and (chunk := handle.read(8 << 20)):
+                    digest.update(chunk)
+        except OSError as exc:
+            message = f"{path}: cannot read the file to hash it: {exc.strerror or exc}."
+            raise RolloutError(message, exit_code=EXIT_IO) from exc
+        out.append(digest.hexdigest())
+    return out
 
 
 @contextmanager
-def shard_folder(src: Path, dst: Path, job: ExportJob, overwrite: bool) -> Iterator[tuple[Path, ShardWriter, Future]]:
-    """The temporary folder beside ``dst``, its writer and the source's hash to come; published when the block
+def shard_folder(
+    srcs: list[Path], dst: Path, job: ExportJob, overwrite: bool
+) -> Iterator[tuple[Path, ShardWriter, Future]]:
+    """The temporary folder beside ``dst``, its writer and the sources' hashes to come; published when the block
     ends normally (write the manifest last, inside it). Torch runs on one thread: idle OpenMP workers
     spinning would compete with the hashing and writing threads."""
     attrs = {"rolloutcli_format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode, **job.attrs}
@@ -68,9 +73,9 @@ def shard_folder(src: Path, dst: Path, job: ExportJob, overwrite: bool) -> Itera
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-xxh3") as hasher:
             try:
-                digest = hasher.submit(_hash_file, src, stop)
+                digest = hasher.submit(_hash_files, srcs, stop)
                 with (
-                    atomic_folder(dst, inputs=[src], overwrite=overwrite, owned=is_shard_folder) as tmp,
+                    atomic_folder(dst, inputs=srcs, overwrite=overwrite, owned=is_shard_folder) as tmp,
                     ShardWriter(tmp, attrs, job.group_attrs, compression=job.compression, label=dst) as writer,
                 ):
                     yield tmp, writer, digest
@@ -94,20 +99,50 @@ def export_fields(reader: RolloutReader, pairs: list[tuple[str, str]], window: i
     return out
 
 
-def _manifest(reader: RolloutReader, job: ExportJob, source_hash: str, shards: list[Any]) -> dict[str, Any]:
-    """The manifest: the source file (with its XXH3-128), the mode's entries, each field's row, the shards."""
-    source = {
+def _source_record(reader: RolloutReader, source_hash: str) -> dict[str, Any]:
+    return {
         "path": os.path.abspath(reader.path),
         "size_bytes": os.stat(reader.path).st_size,
         "xxh3_128": source_hash,
         "T": reader.T,
         "N": reader.N,
     }
+
+
+def _manifest(sources: list[Source], job: ExportJob, hashes: list[str], shards: list[Any]) -> dict[str, Any]:
+    """The manifest: the source file (with its XXH3-128; a dataset: its files, their row and env offsets), the
+    mode's entries, each field's row, the shards."""
+    records = [_source_record(s.reader, h) for s, h in zip(sources, hashes, strict=True)]
+    if len(sources) == 1:
+        source: dict[str, Any] = records[0]
+    else:
+        steps = {s.reader.T for s in sources}
+        for record, s in zip(records, sources, strict=True):
+            record |= {"row_offset": s.row_offset, "env_offset": s.env_offset}
+        rows = "t * N_total + env_offset + n" if job.env_concat else "row_offset + t * N + n"
+        T = steps.pop() if len(steps) == 1 else None
+        source = {"files": records, "T": T, "N": sum(s.reader.N for s in sources), "rows": rows}
     fields = {
         f.name: {"dtype": str(f.dtype).removeprefix("torch."), "row_shape": list(f.row_shape)} for f in job.fields
     }
     head = {"format": MANIFEST_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode}
     return {**head, "source": source, **job.manifest, "fields": fields, "shards": shards}
+
+
+@dataclass(frozen=True)
+class Source:
+    """One file of the export, its blocks, and where its rows sit in the dataset: feed-forward row
+    ``row_offset + t * N + n``; with ``env_concat`` (one T, files side by side along envs) ``t * N_total +
+    env_offset + n``. One file: both are ``t * N + n``."""
+
+    reader: RolloutReader
+    blocks: list[Block]
+    row_offset: int = 0
+    env_offset: int = 0
+
+    def rows(self, block: Block, env_concat: bool, total_envs: int) -> torch.Tensor:
+        """``[steps * envs]`` int64 dataset rows of a block, time-major."""
+        return block_rows(block, self.reader.N, (self.row_offset, self.env_offset), env_concat, total_envs)
 
 
 @dataclass
@@ -128,6 +163,8 @@ class ExportJob:
     shard_tensors: Callable[[int, int, Rows], Mapping[str, torch.Tensor]]
     read_bytes: int
     env_major: bool = False
+    env_concat: bool = False  # a dataset's files side by side along envs (recurrent, distillation: one T)
+    shape: Callable[[Any, int, Rows], Mapping[str, torch.Tensor]] | None = None  # picklable shard_tensors by plan
     attrs: dict[str, Any] = field(default_factory=dict)
     group_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
     compression: str | None = None
@@ -182,76 +219,127 @@ def plan_blocks(reader: RolloutReader, job: ExportJob, budget: int) -> list[Bloc
     return [(t, min(T, t + steps), n, n + 1) for n in range(N) for t in range(0, T, steps)]
 
 
-def _export_passes(
-    reader: RolloutReader, job: ExportJob, emitter: Emitter, folder: Path, blocks: list[Block], budget: int
-) -> None:
+def _export_passes(job: ExportJob, emitter: Emitter, folder: Path, sources: list[Source], budget: int) -> None:
     """Per pass, read each block (a single block once for every pass) and scatter its items to their shards."""
-    T, N = reader.T, reader.N
-    whole = blocks == [(0, T, 0, N)]
+    first = sources[0].reader
+    whole = len(sources) == 1 and sources[0].blocks == [(0, first.T, 0, first.N)]
+    total_envs = sum(s.reader.N for s in sources)
+    total_rows = sum(s.reader.T * s.reader.N for s in sources)
     cached: Rows | None = None
     for pass_index, plan in enumerate(job.plan.passes):
-        positions = None if whole else plan.positions(T * N).view(T, N)
+        streamed = plan.order is not None
+        positions = None if whole or streamed else plan.positions(total_rows)
         complete = partial(emitter.emit, pass_index)
         out = ShardScatter(folder, job.fields, plan.sizes, budget // 4, buffers=emitter.buffers, complete=complete)
-        for block in blocks:
-            data = cached or {f.name: job.read(reader, f, block) for f in job.fields}
-            take = partial(job.take, block, data)
-            if whole:
-                cached = data
-                out.add(None, take, order=plan.rows)
-            else:
-                t0, t1, n0, n1 = block
-                assert positions is not None
-                out.add(positions[t0:t1, n0:n1].reshape(-1), take)
-            del data, take
-            emitter.progress.advance()
+        for source in sources:
+            for block in source.blocks:
+                data = cached or {f.name: job.read(source.reader, f, block) for f in job.fields}
+                take = partial(job.take, block, data)
+                if whole:
+                    cached = data
+                    out.add(None, take, order=plan.all_rows())
+                else:  # streamed orders: positions of this block's rows only, no per-row array of the dataset
+                    rows = source.rows(block, job.env_concat, total_envs)
+                    out.add(plan.positions_of(rows) if streamed else positions[rows], take)  # type: ignore[index]
+                del data, take
+                emitter.progress.advance()
         out.finish()
 
 
+def _run_parallel(job: ExportJob, sources: list[Source], tmp: Path, run: RunOptions, engine: Any) -> dict:
+    from rolloutcli.pipeline.parallel_export import ExportSpec, run_parallel
+
+    assert job.shape is not None
+    spec = ExportSpec(
+        job.mode,
+        job.fields,
+        job.plan,
+        job.read,
+        job.take,
+        job.shape,
+        job.env_concat,
+        sum(s.reader.N for s in sources),
+        sum(s.reader.T * s.reader.N for s in sources),
+        run.safety,
+        run.max_memory,
+        attrs=job.attrs,
+        group_attrs=job.group_attrs,
+        compression=job.compression,
+    )
+    return run_parallel(spec, tmp, sources, engine)
+
+
+def _sources(readers: list[RolloutReader], job: ExportJob, budget: int) -> list[Source]:
+    out, rows, envs = [], 0, 0
+    for reader in readers:
+        out.append(Source(reader, plan_blocks(reader, job, budget), rows, envs))
+        rows, envs = rows + reader.T * reader.N, envs + reader.N
+    return out
+
+
 def run_export(
-    src: Path,
+    src: Path | Sequence[Path],
     dst: Path,
-    prepare: Callable[[RolloutReader], ExportJob],
+    prepare: Callable[[Any], ExportJob],
     run: RunOptions,
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
+    engine: Any = None,
 ) -> dict[str, Any]:
-    """Write the shard folder ``dst`` from ``src``; ``prepare(reader)`` checks the source, builds the job."""
+    """Write the shard folder ``dst`` from ``src``; ``prepare(reader)`` checks the source, builds the job.
+
+    ``src`` a list of files (a dataset): ``prepare`` gets the list of their readers, in that order. ``engine``
+    (:class:`~rolloutcli.pipeline.engine.EngineOptions`) with more than one worker or Ray: the map and reduce
+    units of :mod:`~rolloutcli.pipeline.parallel_export` (jobs with a ``shape``), the same bytes.
+    """
+    parallel = engine is not None and (engine.engine == "ray" or engine.workers > 1)
+    if parallel:
+        from rolloutcli.pipeline.engine import start_engine
+
+        start_engine(engine)
     progress = progress or Progress()
     started = time.perf_counter()
-    src, dst = Path(src), Path(dst)
-    with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
-        job = prepare(reader)
-        blocks = plan_blocks(reader, job, run.max_memory)
-        streamed = reader.T * reader.N * job.read_bytes > run.max_memory // 2
+    srcs = [Path(p) for p in src] if isinstance(src, (list, tuple)) else [Path(src)]
+    dst = Path(dst)
+    with ExitStack() as stack:
+        readers = [stack.enter_context(RolloutReader(p, run.safety, budget=run.max_memory)) for p in srcs]
+        job = prepare(readers if isinstance(src, (list, tuple)) else readers[0])
+        sources = _sources(readers, job, run.max_memory)
+        blocks = sum(len(s.blocks) for s in sources)
+        streamed = sum(r.T * r.N for r in readers) * job.read_bytes > run.max_memory // 2
         passes = job.plan.passes
         try:
-            with shard_folder(src, dst, job, overwrite) as (tmp, writer, source_hash):
+            with shard_folder(srcs, dst, job, overwrite) as (tmp, writer, source_hash):
                 emitter = Emitter(
                     job.plan, writer, job.fields, progress, job.shard_tensors, buffer_sets=1 if streamed else 2
                 )
-                progress.start(job.label, sum(len(p.sizes) for p in passes) + len(passes) * len(blocks))
-                _export_passes(reader, job, emitter, tmp, blocks, run.max_memory)
+                progress.start(job.label, sum(len(p.sizes) for p in passes) + len(passes) * blocks)
+                if parallel and job.shape is not None:
+                    writer.results.update(_run_parallel(job, sources, tmp, run, engine))
+                else:
+                    _export_passes(job, emitter, tmp, sources, run.max_memory)
                 writer.wait()
                 entries = emitter.entries()  # every shard's hash is known now
-                write_manifest(tmp, _manifest(reader, job, source_hash.result(), entries))
+                write_manifest(tmp, _manifest(sources, job, source_hash.result(), entries))
         finally:
             progress.finish()
     seconds = time.perf_counter() - started
     written = sum(size for size, _ in writer.results.values())
+    steps = {r.T for r in readers}
+    T, N = (steps.pop() if len(steps) == 1 else None), sum(r.N for r in readers)  # T: None for mixed lengths
     return {
-        "input": str(src),
+        "input": str(srcs[0]) if len(srcs) == 1 else [str(p) for p in srcs],
         "output": str(dst),
         "mode": job.mode,
-        "T": reader.T,
-        "N": reader.N,
+        "T": T,
+        "N": N,
         **job.summary,
         "files": len(writer.results),
         "entries": len(entries),
         "bytes_written": written,
         "streamed": streamed,
-        "blocks": len(blocks),
+        "blocks": blocks,
         "seconds": seconds,
         "gb_per_s": written / seconds / 1e9 if seconds > 0 else None,
     }

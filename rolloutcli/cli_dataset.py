@@ -1,0 +1,115 @@
+"""Command-line pieces for datasets (several files) and engines, shared by the per-file commands and ``batch``.
+
+``FILE...`` takes paths, directories and globs. One plain file runs the command as before; a dataset (several
+paths, a directory or a glob) writes one output per input into the folder ``-o`` (``pipeline/dataset_job.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from rolloutcli.errors import EXIT_USAGE, RolloutError
+
+FilesArg = Annotated[
+    list[str],
+    typer.Argument(metavar="FILE", help="Rollout files, directories or globs (a dataset: -o names a folder)."),
+]
+EngineOpt = Annotated[str, typer.Option("--engine", metavar="local|ray", help="Run work units locally or on Ray.")]
+WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=1024, help="Processes of the local engine.")]
+AddressOpt = Annotated[
+    str | None, typer.Option("--address", metavar="ADDR", help="--engine ray: cluster address (auto, ray://h:p).")
+]
+LockingOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--hdf5-locking/--no-hdf5-locking",
+        help="HDF5 file locking in every worker (off for network file systems).",
+        show_default=False,
+    ),
+]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue a dataset run's partial output folder.")]
+
+
+def engine_options(engine: str, workers: int, address: str | None, locking: bool | None) -> Any:
+    """The engine options, checked (exit 2)."""
+    from rolloutcli.pipeline.engine import EngineOptions, check_engine
+
+    options = EngineOptions(engine, workers, address, locking)
+    check_engine(options)
+    return options
+
+
+def resolve_inputs(files: list[str]) -> Any:
+    """The :class:`~rolloutcli.dataset.Dataset` the arguments name."""
+    from rolloutcli.dataset import resolve
+
+    return resolve(files)
+
+
+def per_file(
+    command: str,
+    files: list[str],
+    output: Path | None,
+    options: dict[str, Any],
+    make_unit: Callable[[Path, Path], Any],
+    engine: Any,
+    *,
+    overwrite: bool,
+    resume: bool,
+    single: Callable[[Path], dict[str, Any]],
+) -> dict[str, Any]:
+    """Run ``single(file)`` for one plain file, else the dataset job (``-o`` a folder)."""
+    from rolloutcli.dataset import check_agreement
+    from rolloutcli.pipeline.dataset_job import run_dataset
+
+    dataset = resolve_inputs(files)
+    if not dataset.many:
+        if resume:
+            raise RolloutError(f"--resume: expected a dataset (several files), found {files[0]}.", exit_code=EXIT_USAGE)
+        return single(dataset.files[0])
+    if output is None:
+        raise RolloutError(
+            f"{command}: expected an output folder (-o FOLDER) for a dataset, found none.", exit_code=EXIT_USAGE
+        )
+    check_agreement(dataset.files)
+    return run_dataset(dataset, output, command, options, make_unit, engine, overwrite=overwrite, resume=resume)
+
+
+def render_dataset(console: Any, summary: dict[str, Any]) -> None:
+    """The summary of a dataset run."""
+    reused = f" ({summary['reused']} kept from the earlier run)" if summary.get("reused") else ""
+    console.print(f"Wrote {summary['files']} files{reused} and dataset.json to {summary['output']}")
+
+
+def render_inspect_dataset(console: Any, report: dict[str, Any]) -> None:
+    """A dataset ``inspect``: a row per file, the totals, the episodes and statistics over all files."""
+    from rich.table import Table
+
+    from rolloutcli.render import _episodes, _num, _size
+
+    totals = report["totals"]
+    console.print(
+        f"{report['dataset']}  {totals['files']} files  {_size(totals['bytes'])}  {totals['steps']} steps  "
+        f"{totals['envs']} envs  {totals['episodes']} episodes"
+    )
+    files = Table(title="files", title_justify="left")
+    for column in ("file", "T", "N", "steps", "episodes", "size", "warnings"):
+        files.add_column(column, justify="left" if column == "file" else "right", no_wrap=column == "file")
+    for row in report["files"]:
+        cells = (row["name"], row["T"], row["N"], row["steps"], row["episodes"], _size(row["size_bytes"]))
+        files.add_row(*(str(c) for c in cells), str(row["warnings"]))
+    console.print(files)
+    _episodes(console, report["episodes"])
+    stats = Table(title="statistics over all files", title_justify="left")
+    for column in ("field", "mean", "std", "min", "max", "non-finite"):
+        stats.add_column(column, justify="right")
+    for name in ("rewards", "values", "last_values", "advantages", "returns"):
+        if report.get(name):
+            stats.add_row(name, *(_num(report[name][k]) for k in ("mean", "std", "min", "max", "nonfinite")))
+    console.print(stats)
+    for warning in report["warnings"]:
+        console.print(f"warning: {warning}")

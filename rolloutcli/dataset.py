@@ -1,0 +1,144 @@
+"""A dataset: several rollout files named by paths, directories and globs, taken in sorted path order.
+
+:func:`resolve` turns command-line arguments into a :class:`Dataset` (sorted unique files, each with its name
+relative to the dataset's root, which outputs reuse); :func:`check_agreement` checks that the files' per-step
+fields agree in names, trailing shapes and dtypes (and, where an export needs it, in T). Neither depends on the
+order a shell or a directory listing gives.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError
+from rolloutcli.hdf5.limits import SafetyOptions
+from rolloutcli.hdf5.reader import RolloutReader
+
+SUFFIXES = (".h5", ".hdf5")
+GLOB_CHARS = set("*?[")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """``files`` in sorted order; ``names[i]``: ``files[i]`` relative to ``root`` (an output's relative name).
+    ``many``: the arguments name a dataset (several paths, a directory or a glob), even if it holds one file."""
+
+    files: tuple[Path, ...]
+    names: tuple[str, ...]
+    root: Path
+    many: bool
+    folders: tuple[Path, ...] = ()  # the directories named (an output must not lie inside one)
+
+
+def _expand(arg: str) -> tuple[list[Path], Path, bool]:
+    """The files one argument names, the folder its relative names start from, and whether it is a dataset."""
+    path = Path(arg)
+    if os.path.isdir(path):
+        files = [Path(p) for p in glob.glob(os.path.join(glob.escape(arg), "**", "*"), recursive=True)]
+        files = [p for p in files if p.suffix.lower() in SUFFIXES and p.is_file()]
+        if not files:
+            raise RolloutError(
+                f"{arg}: expected rollout files (*.h5, *.hdf5) in the directory, found none.", exit_code=EXIT_BAD_DATA
+            )
+        return files, path, True
+    if not os.path.lexists(path) and GLOB_CHARS & set(arg):
+        files = [Path(p) for p in glob.glob(arg, recursive=True) if os.path.isfile(p)]
+        if not files:
+            raise RolloutError(f"{arg}: the pattern matches no file. Check the pattern.", exit_code=EXIT_USAGE)
+        return files, Path(os.path.commonpath([os.path.abspath(p.parent) for p in files])), True
+    return [path], path.parent, False
+
+
+def resolve(args: Sequence[str | Path]) -> Dataset:
+    """The dataset named by ``args`` (files, directories, globs): sorted by path, each file once.
+
+    Raises:
+        RolloutError: an empty directory (exit 1), a glob matching nothing, no argument, or one file named
+            twice (by two paths, links included: exit 2).
+    """
+    if not args:
+        raise RolloutError("expected at least one rollout file, directory or glob, found none.", exit_code=EXIT_USAGE)
+    found: dict[str, Path] = {}
+    roots: list[Path] = []
+    many = len(args) > 1
+    folders = tuple(Path(a) for a in args if os.path.isdir(a))
+    for arg in args:
+        files, root, is_dataset = _expand(str(arg))
+        many = many or is_dataset
+        roots.append(Path(os.path.abspath(root)))
+        for file in files:
+            real = os.path.realpath(file)
+            if real in found:
+                raise RolloutError(
+                    f"{file}: the same file as {found[real]}; expected each input once. Drop one of them.",
+                    exit_code=EXIT_USAGE,
+                )
+            found[real] = file
+    files = sorted(found.values(), key=lambda p: os.path.abspath(p))
+    root = Path(os.path.commonpath([*roots, *(Path(os.path.abspath(f)).parent for f in files)]))
+    names = tuple(os.path.relpath(os.path.abspath(f), root) for f in files)
+    return Dataset(tuple(files), names, root, many, folders)
+
+
+def _signature(reader: RolloutReader) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Field laid out by env (per-step ``[T, N, ...]``, hidden states ``[T, layers, N, H]``, ``last_values``
+    ``[N]``) -> (dtype, shape without T and N) as the reader returns them."""
+    out = {}
+    for name, spec in reader.schema.fields.items():
+        if spec.env_axis is None:
+            continue
+        dtype, shape = reader.normalized(name, 0, 1)
+        kept = [size for axis, size in enumerate(shape) if axis != spec.env_axis and not (axis == 0 < spec.env_axis)]
+        out[name] = (str(dtype), tuple(kept))
+    return out
+
+
+def check_agreement(
+    files: Sequence[Path], safety: SafetyOptions | None = None, *, same_steps: str | None = None
+) -> list[tuple[int, int]]:
+    """``(T, N)`` of each file, after checking every file's per-step fields agree with the first file's.
+
+    ``same_steps``: what needs one T (e.g. ``batch --recurrent``); files of another T are then refused.
+
+    Raises:
+        RolloutError: exit 1 naming both files and the field (missing, other trailing shape or dtype, or T).
+    """
+    first: dict[str, tuple[str, tuple[int, ...]]] | None = None
+    sizes: list[tuple[int, int]] = []
+    for file in files:
+        with RolloutReader(file, safety, check=False) as reader:
+            signature, size = _signature(reader), (reader.T, reader.N)
+        sizes.append(size)
+        if first is None:
+            first = signature
+            continue
+        base = files[0]
+        for name in sorted(set(first) | set(signature)):
+            ours, theirs = first.get(name), signature.get(name)
+            if ours == theirs:
+                continue
+            if ours is None or theirs is None:
+                where, lacks = (base, file) if ours is not None else (file, base)
+                raise RolloutError(
+                    f"{lacks}: field '{name}': expected it as in {where}, found nothing. "
+                    "Every file of a dataset needs the same fields."
+                )
+            what = "dtype" if ours[0] != theirs[0] else "trailing shape"
+            raise RolloutError(
+                f"{file}: field '{name}': expected {what} {_show(ours, what)} as in {base}, "
+                f"found {_show(theirs, what)}. Every file of a dataset needs the same fields."
+            )
+        if same_steps and size[0] != sizes[0][0]:
+            raise RolloutError(
+                f"{file}: field 'rewards': expected T = {sizes[0][0]} as in {base} ({same_steps} needs one T "
+                f"across files), found T = {size[0]}. Export files of one length together."
+            )
+    return sizes
+
+
+def _show(signature: tuple[str, tuple[int, ...]], what: str) -> str:
+    return signature[0] if what == "dtype" else str(list(signature[1]))

@@ -1,0 +1,185 @@
+"""A per-file command (``gae``, ``split``) on a dataset: one output per input, one folder published as a unit.
+
+The folder is built as ``.<name>.rolloutcli-partial`` beside ``-o``: each input's output under the input's
+relative name, then ``dataset.json`` (command, options, inputs and outputs with their sizes and XXH3-128)
+written last, then the folder renamed onto ``-o``. A failed or killed run keeps the partial folder (with a
+``dataset.json`` of the outputs done so far); ``--resume`` continues it, keeping each output whose recorded
+input and output hashes still match, redoing the rest. ``dataset.json`` holds nothing that depends on the
+engine, the worker count or timing, so it is byte-identical for every engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from rolloutcli.dataset import Dataset
+from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
+from rolloutcli.hdf5.atomic import atomic_file
+from rolloutcli.hdf5.rename import rename_noreplace
+from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
+
+DATASET_FORMAT = "rolloutcli.dataset"
+DATASET_VERSION = 1
+PARTIAL = ".rolloutcli-partial"
+
+
+def file_hash(path: Path) -> str:
+    """XXH3-128 of a file (``xxh128sum FILE``)."""
+    digest = xxhash.xxh3_128()
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(8 << 20):
+                digest.update(chunk)
+    except OSError as exc:
+        raise RolloutError(
+            f"{path}: cannot read the file to hash it: {exc.strerror or exc}.", exit_code=EXIT_IO
+        ) from exc
+    return digest.hexdigest()
+
+
+def partial_folder(dst: Path) -> Path:
+    """Where a dataset output is built (beside ``dst``; kept after a failure for ``--resume``)."""
+    dst = Path(os.path.abspath(dst))
+    return dst.parent / f".{dst.name}{PARTIAL}"
+
+
+def _entry(path: Path, name: str) -> dict[str, Any]:
+    return {"name": name, "size_bytes": os.stat(path).st_size, "xxh3_128": file_hash(path)}
+
+
+def _write_record(folder: Path, record: dict[str, Any]) -> None:
+    """``dataset.json``, replaced atomically (a kill leaves the previous record or this one)."""
+    with atomic_file(folder / "dataset.json", overwrite=True) as tmp:
+        Path(tmp).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def _check_destination(dataset: Dataset, dst: Path, overwrite: bool, resume: bool, tmp: Path) -> None:
+    real = os.path.realpath(dst)
+    for root in sorted({os.path.realpath(f) for f in dataset.folders}):
+        if os.path.commonpath([root, real]) == root:
+            raise RolloutError(
+                f"{dst}: output folder inside the input folder {root}; expected it elsewhere "
+                "(its files would become inputs). Choose another -o.",
+                exit_code=EXIT_USAGE,
+            )
+    if os.path.lexists(dst) and not (overwrite and (Path(dst) / "dataset.json").is_file()):
+        raise RolloutError(
+            f"{dst}: already exists; expected a new output folder. Choose another -o, or --overwrite "
+            "(replaces only a dataset folder rolloutcli wrote).",
+            exit_code=EXIT_USAGE,
+        )
+    if os.path.lexists(tmp) and not resume:
+        raise RolloutError(
+            f"{tmp}: an earlier run's partial output; expected none. Continue it with --resume, or delete it.",
+            exit_code=EXIT_USAGE,
+        )
+
+
+def _reusable(tmp: Path, record: dict[str, Any], inputs: list[dict[str, Any]]) -> set[str]:
+    """Names of outputs in ``tmp`` an earlier run finished whose input and output hashes still match."""
+    try:
+        old = json.loads((tmp / "dataset.json").read_text())
+    except (OSError, ValueError):
+        return set()
+    if old.get("command") != record["command"] or old.get("options") != record["options"]:
+        raise RolloutError(
+            f"{tmp}: --resume: expected the options of the run that left it ({old.get('options')}), found "
+            f"{record['options']}. Rerun with the same options, or delete the folder.",
+            exit_code=EXIT_USAGE,
+        )
+    done = {entry["name"] for entry in inputs if entry in old.get("inputs", [])}
+    keep = set()
+    for out in old.get("outputs", []):
+        path = tmp / out["name"]
+        if out["name"] in done and path.is_file() and _entry(path, out["name"]) == out:
+            keep.add(out["name"])
+    return keep
+
+
+def run_dataset(
+    dataset: Dataset,
+    dst: Path,
+    command: str,
+    options: dict[str, Any],
+    make_unit: Callable[[Path, Path], Unit],
+    engine: EngineOptions,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Write one output per input of ``dataset`` into the folder ``dst`` (see the module docstring).
+
+    ``make_unit(src, out)`` is the work unit writing ``out`` from ``src`` (it returns its summary).
+    """
+    dst = Path(dst)
+    tmp = partial_folder(dst)
+    _check_destination(dataset, dst, overwrite, resume, tmp)
+    inputs = [
+        {"path": os.path.abspath(f), **_entry(f, name)} for f, name in zip(dataset.files, dataset.names, strict=True)
+    ]
+    record: dict[str, Any] = {
+        "format": DATASET_FORMAT,
+        "format_version": DATASET_VERSION,
+        "command": command,
+        "options": options,
+        "inputs": [],
+        "outputs": [],
+    }
+    keep = _reusable(tmp, record, inputs) if resume and tmp.is_dir() else set()
+    start_engine(engine)
+    tmp.mkdir(exist_ok=True)
+    outputs: dict[str, dict[str, Any]] = {}
+    units, names = [], []
+    for file, entry in zip(dataset.files, inputs, strict=True):
+        out = tmp / entry["name"]
+        if entry["name"] in keep:
+            outputs[entry["name"]] = _entry(out, entry["name"])
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(out):
+            out.unlink()
+        units.append(make_unit(Path(os.path.abspath(file)), out))  # absolute: tasks run in other folders
+        names.append(entry["name"])
+
+    def done(index: int, _summary: Any) -> None:  # record progress so a later --resume can skip it
+        name = names[index]
+        outputs[name] = _entry(tmp / name, name)
+        finished = [e for e in inputs if e["name"] in outputs]
+        _write_record(tmp, {**record, "inputs": finished, "outputs": [outputs[e["name"]] for e in finished]})
+
+    try:
+        run_units(units, engine, done)
+    finally:
+        close_pools()
+    _write_record(tmp, {**record, "inputs": inputs, "outputs": [outputs[e["name"]] for e in inputs]})
+    _publish(tmp, dst, overwrite)
+    return {
+        "input": [str(f) for f in dataset.files],
+        "output": str(dst),
+        "files": len(inputs),
+        "reused": len(keep),
+        "bytes_written": sum(o["size_bytes"] for o in outputs.values()),
+    }
+
+
+def _publish(tmp: Path, dst: Path, overwrite: bool) -> None:
+    """Rename the finished folder onto ``dst`` (an earlier dataset folder moved aside first with --overwrite)."""
+    old = None
+    try:
+        if overwrite and os.path.lexists(dst):
+            old = tmp.parent / f".{dst.name}.rolloutcli-old"
+            os.rename(dst, old)
+        rename_noreplace(tmp, dst)
+    except OSError as exc:
+        raise RolloutError(
+            f"{dst}: cannot publish the output folder: {exc.strerror or exc}.", exit_code=EXIT_IO
+        ) from exc
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

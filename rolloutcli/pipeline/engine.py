@@ -1,0 +1,237 @@
+"""Engines: run a list of work units (pure functions of their arguments) and return their results in order.
+
+``local`` runs them in this process (``workers=1``) or on a pool of K processes; ``ray`` submits each as a
+Ray Core task (``pip install "rolloutcli[ray]"``). A unit writes only where its arguments say and returns plain
+data, so a retried unit (a worker that died, Ray's ``max_retries``) gives the same bytes, and the results do not
+depend on the engine, the worker count or the order units finish in. The driver publishes last.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
+
+ENGINES = ("local", "ray")
+RAY_INSTALL = 'pip install "rolloutcli[ray]"'
+RAY_TIMEOUT_S = 10.0  # an unreachable --address is reported within this
+RETRIES = 3  # Ray task retries (units are pure: a retry rewrites the same bytes)
+
+Unit = tuple[Callable[..., Any], tuple[Any, ...]]  # (module-level function, its arguments): picklable
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """``--engine``, ``--workers``, ``--address`` (ray), ``--hdf5-locking`` (None: HDF5's default; False for
+    file systems without locks, e.g. NFS: ``HDF5_USE_FILE_LOCKING=FALSE`` while each unit runs; the driver's own
+    opens follow the driver's environment)."""
+
+    engine: str = "local"
+    workers: int = 1
+    address: str | None = None
+    hdf5_locking: bool | None = None
+
+    def env(self) -> dict[str, str]:
+        """Environment every worker gets."""
+        if self.hdf5_locking is None:
+            return {}
+        return {"HDF5_USE_FILE_LOCKING": "TRUE" if self.hdf5_locking else "FALSE"}
+
+
+def check_engine(options: EngineOptions) -> None:
+    """Refuse combinations the command line cannot (exit 2)."""
+    if options.engine not in ENGINES:
+        raise RolloutError(f"--engine: expected local or ray, found '{options.engine}'.", exit_code=EXIT_USAGE)
+    if options.address is not None and options.engine != "ray":
+        raise RolloutError("--address: expected --engine ray with it, found --engine local.", exit_code=EXIT_USAGE)
+    if options.workers < 1:
+        raise RolloutError(f"--workers: expected at least 1, found {options.workers}.", exit_code=EXIT_USAGE)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A unit's ``RolloutError`` as plain data (exceptions lose their attributes when pickled)."""
+
+    message: str
+    exit_code: int
+    problems: tuple[str, ...]
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str]) -> Any:
+    """Run one unit; an ``OSError`` (a flaky file system) is retried up to ``RETRIES`` times, safe because a unit
+    rewrites its whole output; a worker that dies is retried by Ray (``max_retries``), fails a local run."""
+    with _environment(env):
+        for attempt in range(RETRIES + 1):
+            try:
+                return fn(*args)
+            except RolloutError as error:
+                return _Failed(str(error), error.exit_code, tuple(error.problems))
+            except OSError:
+                if attempt == RETRIES:
+                    raise
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set while a unit runs (restored after: the unit may run in the driver's own process)."""
+    old = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def start_engine(options: EngineOptions) -> None:
+    """Connect to Ray now (``--engine ray``), so an unreachable cluster fails before anything is written."""
+    check_engine(options)
+    if options.engine == "ray":
+        connect_ray(options)
+
+
+def run_units(units: Sequence[Unit], options: EngineOptions, done: Callable[[int, Any], None] | None = None) -> list:
+    """Run ``units``; ``done(i, result)`` is called in the driver as each finishes (any order). Results in order."""
+    check_engine(options)
+    results: list[Any] = [None] * len(units)
+
+    def finished(index: int, result: Any) -> None:
+        if isinstance(result, _Failed):
+            raise RolloutError(result.message, exit_code=result.exit_code, problems=result.problems)
+        results[index] = result
+        if done is not None:
+            done(index, result)
+
+    if options.engine == "ray":
+        _run_ray(units, options, finished)
+    elif options.workers == 1 or len(units) <= 1:
+        for index, (fn, args) in enumerate(units):
+            finished(index, _call(fn, args, options.env()))
+    else:
+        _run_pool(units, options, finished)
+    return results
+
+
+_POOLS: dict[int, ProcessPoolExecutor] = {}  # reused by the steps of one command (map, then reduce)
+
+
+def _pool(workers: int, modules: list[str]) -> ProcessPoolExecutor:
+    """A pool of ``workers`` processes forked from a clean server (no driver threads) that imports ``modules``
+    once (the first pool's units' modules)."""
+    if workers not in _POOLS:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(modules)
+        _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=context)
+    return _POOLS[workers]
+
+
+def close_pools() -> None:
+    """Shut the local pools down (a command calls it when its units are done: idle workers must not outlive it)."""
+    while _POOLS:
+        _POOLS.popitem()[1].shutdown(wait=True, cancel_futures=True)
+
+
+def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
+    workers = min(options.workers, len(units))
+    pool = _pool(workers, sorted({fn.__module__ for fn, _ in units}))
+    futures = {pool.submit(_call, fn, args, options.env()): i for i, (fn, args) in enumerate(units)}
+    try:
+        for future, index in futures.items():  # in submission order: a failure is the first failing unit's
+            finished(index, future.result())
+    except BrokenProcessPool as exc:
+        _POOLS.pop(workers, None)
+        raise RolloutError(
+            "--engine local: a worker process died (out of memory or killed); nothing was published. "
+            "Rerun with --resume to continue.",
+            exit_code=EXIT_IO,
+        ) from exc
+    finally:  # on a failure, let running units end before the caller removes the folder they write into
+        for future in futures:
+            future.cancel()
+        wait(futures)
+
+
+def import_ray() -> Any:
+    """``ray``, or exit 2 saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise RolloutError(
+            f"--engine ray: expected Ray to be installed, found none. Install it: {RAY_INSTALL}", exit_code=EXIT_USAGE
+        ) from exc
+    return ray
+
+
+def _unreachable(address: str, why: object) -> RolloutError:
+    return RolloutError(
+        f"{address}: cannot reach the Ray cluster ({why}). Check --address (auto, host:6379, ray://host:10001) "
+        "and that the cluster runs.",
+        exit_code=EXIT_IO,
+    )
+
+
+def _probe(address: str) -> None:
+    """Connect to ``host:port`` within ``RAY_TIMEOUT_S``: Ray itself retries an absent cluster for minutes."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=RAY_TIMEOUT_S):
+            pass
+    except ValueError:
+        raise _unreachable(address, "expected host:port") from None
+    except OSError as exc:
+        raise _unreachable(address, exc.strerror or exc) from exc
+
+
+def connect_ray(options: EngineOptions) -> Any:
+    """``ray`` connected to ``--address`` (or a new local cluster); unreachable: exit 3 naming the address."""
+    ray = import_ray()
+    address = options.address
+    if address is not None:
+        _probe(address)
+    if ray.is_initialized():
+        return ray
+    env = {"env_vars": options.env()} if options.env() else None
+    try:
+        if address is None:
+            ray.init(include_dashboard=False, runtime_env=env, log_to_driver=False)
+        else:
+            ray.init(address=address, runtime_env=env, log_to_driver=False)
+    except (ConnectionError, TimeoutError) as exc:
+        raise _unreachable(str(address), str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    return ray
+
+
+def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
+    ray = connect_ray(options)
+    task = ray.remote(max_retries=RETRIES, scheduling_strategy="SPREAD")(_call)
+    refs = [task.remote(fn, args, options.env()) for fn, args in units]
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayError as exc:  # a task that failed past its retries, or a lost node
+                for other in pending:
+                    ray.cancel(other)
+                raise RolloutError(
+                    f"--engine ray: a task failed past {RETRIES} retries ({type(exc).__name__}); nothing was "
+                    "published. Rerun with --resume to continue.",
+                    exit_code=EXIT_IO,
+                ) from exc
+            finished(index[ref], result)

@@ -1,0 +1,158 @@
+"""Datasets: several files per command (resolve, schema agreement, per-file outputs, dataset.json, --resume)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rollout_factory import rollout_arrays, write_rollout
+
+from rolloutcli.dataset import check_agreement, resolve
+from rolloutcli.errors import RolloutError
+from rolloutcli.pipeline.dataset_job import partial_folder, run_dataset
+from rolloutcli.pipeline.engine import EngineOptions
+from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.split import SplitOptions, run_split
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    write_rollout(tmp_path / "runs" / "a" / "r1.h5", rollout_arrays(T=12, N=3, seed=1))
+    write_rollout(tmp_path / "runs" / "r0.h5", rollout_arrays(T=20, N=2, seed=2))
+    write_rollout(tmp_path / "runs" / "r2.h5", rollout_arrays(T=12, N=4, seed=3))
+    return tmp_path / "runs"
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resolve_sorts_dedups_and_names(runs: Path, tmp_path: Path) -> None:
+    data = resolve([runs])
+    assert data.names == ("a/r1.h5", "r0.h5", "r2.h5") and data.many
+    assert resolve([str(runs / "r*.h5")]).names == ("r0.h5", "r2.h5")
+    one = resolve([runs / "r0.h5"])
+    assert not one.many and one.files == (runs / "r0.h5",)
+    assert resolve([runs / "r2.h5", runs / "r0.h5"]).names == ("r0.h5", "r2.h5")
+    os.symlink(runs / "r0.h5", tmp_path / "link.h5")
+    with pytest.raises(RolloutError, match="the same file as") as error:
+        resolve([runs / "r0.h5", tmp_path / "link.h5"])
+    assert error.value.exit_code == 2
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RolloutError, match="empty: expected rollout files") as error:
+        resolve([tmp_path / "empty"])
+    assert error.value.exit_code == 1
+    with pytest.raises(RolloutError, match=r"nope\*.h5: the pattern matches no file") as error:
+        resolve([str(tmp_path / "nope*.h5")])
+    assert error.value.exit_code == 2
+
+
+def test_schema_agreement_names_both_files_and_the_field(runs: Path, tmp_path: Path) -> None:
+    files = list(resolve([runs]).files)
+    assert check_agreement(files) == [(12, 3), (20, 2), (12, 4)]
+    with pytest.raises(RolloutError, match=r"r0.h5: field 'rewards': expected T = 12 as in .*r1.h5"):
+        check_agreement(files, same_steps="batch --recurrent")
+    arrays = rollout_arrays(T=12, N=3, seed=4)
+    arrays["actions"] = arrays["actions"].astype(np.float64)
+    write_rollout(tmp_path / "f64.h5", arrays)
+    with pytest.raises(
+        RolloutError, match=r"f64.h5: field 'actions': expected dtype float32 as in .*r1.h5, found float64"
+    ):
+        check_agreement([files[0], tmp_path / "f64.h5"])
+    arrays = rollout_arrays(T=12, N=3, seed=4, obs_dim=5)
+    write_rollout(tmp_path / "wide.h5", arrays)
+    with pytest.raises(RolloutError, match=r"wide.h5: field 'observations/policy': expected trailing shape \[4\]"):
+        check_agreement([files[0], tmp_path / "wide.h5"])
+    arrays = rollout_arrays(T=12, N=3, seed=4)
+    del arrays["time_outs"]
+    write_rollout(tmp_path / "lacks.h5", arrays)
+    with pytest.raises(RolloutError, match=r"lacks.h5: field 'time_outs': expected it as in .*r1.h5, found nothing"):
+        check_agreement([files[0], tmp_path / "lacks.h5"])
+
+
+def test_gae_on_a_dataset_equals_per_file_runs(cli, runs: Path, tmp_path: Path) -> None:
+    code, out, err = cli("gae", runs, "-o", tmp_path / "out", "--json")
+    assert code == 0, err
+    assert json.loads(out)["files"] == 3
+    for name in ("a/r1.h5", "r0.h5", "r2.h5"):
+        assert cli("gae", runs / name, "-o", tmp_path / "single.h5", "--overwrite")[0] == 0
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "single.h5").read_bytes()
+    record = json.loads((tmp_path / "out" / "dataset.json").read_text())
+    assert record["command"] == "gae" and [e["name"] for e in record["inputs"]] == ["a/r1.h5", "r0.h5", "r2.h5"]
+    assert [e["name"] for e in record["outputs"]] == ["a/r1.h5", "r0.h5", "r2.h5"]
+    assert not partial_folder(tmp_path / "out").exists()
+    code, _, err = cli("gae", runs, "-o", tmp_path / "out")
+    assert code == 2 and "already exists" in err
+    code, _, err = cli("gae", runs, "-o", runs / "inside")
+    assert code == 2 and "output folder inside the input folder" in err and not (runs / "inside").exists()
+
+
+def test_split_on_a_dataset_workers_and_resume(cli, runs: Path, tmp_path: Path) -> None:
+    assert cli("split", runs, "-o", tmp_path / "one", "--workers", "1")[0] == 0
+    assert cli("split", runs, "-o", tmp_path / "two", "--workers", "2")[0] == 0
+    assert tree(tmp_path / "one") == tree(tmp_path / "two")
+    # a run whose last unit fails keeps its partial folder, and --resume redoes only that one
+    data = resolve([runs])
+    options, run = SplitOptions(), RunOptions()
+
+    def unit(src: Path, out: Path) -> tuple:
+        return (_fail, (src,)) if src.name == "r2.h5" else (run_split, (src, out, options, run))
+
+    record = {"pad_to": "rollout", "max_length": None}
+    with pytest.raises(RolloutError, match=r"r2\.h5: injected"):
+        run_dataset(data, tmp_path / "res", "split", record, unit, EngineOptions())
+    partial = partial_folder(tmp_path / "res")
+    assert partial.is_dir() and not (tmp_path / "res").exists()
+    assert sorted(e["name"] for e in json.loads((partial / "dataset.json").read_text())["outputs"]) == [
+        "a/r1.h5",
+        "r0.h5",
+    ]
+    code, _, err = cli("split", runs, "-o", tmp_path / "res")
+    assert code == 2 and "--resume" in err
+    done_a = (partial / "a" / "r1.h5").stat().st_mtime_ns
+    code, out, err = cli("split", runs, "-o", tmp_path / "res", "--resume", "--json")
+    assert code == 0, err
+    assert json.loads(out)["reused"] == 2 and (tmp_path / "res" / "a" / "r1.h5").stat().st_mtime_ns == done_a
+    assert not partial.exists()
+    assert tree(tmp_path / "res") == tree(tmp_path / "one")
+
+
+def _fail(src: Path) -> None:
+    raise RolloutError(f"{src}: injected failure")
+
+
+def test_inspect_a_dataset_table_totals_and_statistics_over_all_files(cli, runs: Path, tmp_path: Path) -> None:
+    code, out, err = cli("inspect", runs, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [f["name"] for f in report["files"]] == ["a/r1.h5", "r0.h5", "r2.h5"]
+    assert [(f["T"], f["N"]) for f in report["files"]] == [(12, 3), (20, 2), (12, 4)]
+    assert report["totals"] == {
+        "files": 3,
+        "steps": 36 + 40 + 48,
+        "envs": 9,
+        "episodes": sum(
+            json.loads(cli("inspect", f, "--json")[1])["episodes"]["completed"] for f in resolve([runs]).files
+        ),
+        "bytes": sum(f.stat().st_size for f in resolve([runs]).files),
+    }
+    rewards = np.concatenate(
+        [rollout_arrays(T=T, N=N, seed=s)["rewards"].ravel() for T, N, s in [(12, 3, 1), (20, 2, 2), (12, 4, 3)]]
+    )
+    assert report["rewards"]["count"] == rewards.size
+    assert report["rewards"]["mean"] == pytest.approx(rewards.astype(np.float64).mean(), rel=1e-9)
+    assert report["rewards"]["std"] == pytest.approx(rewards.astype(np.float64).std(ddof=1), rel=1e-6)
+    assert report["rewards"]["min"] == rewards.min() and report["warnings"] == []
+    code, out, _ = cli("inspect", runs)
+    assert code == 0 and "3 files" in out and "statistics over all files" in out and "a/r1.h5" in out
+    arrays = rollout_arrays(T=12, N=3, seed=4)
+    del arrays["time_outs"]
+    write_rollout(runs / "z.h5", arrays)
+    code, out, _ = cli("inspect", runs, "--json")
+    assert code == 0 and any("z.h5: field 'time_outs': expected it as in" in w for w in json.loads(out)["warnings"])
+    code, _, err = cli("inspect", runs, "--strict", "-q")
+    assert code == 1 and "--strict" in err

@@ -1,0 +1,155 @@
+"""Engines: the same bytes for local with 1 or K workers and Ray (a two-node local cluster), retries, failures."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from rollout_factory import rollout_arrays, write_rollout
+
+from rolloutcli.dataset import resolve
+from rolloutcli.errors import RolloutError
+from rolloutcli.pipeline.dataset_job import partial_folder, run_dataset
+from rolloutcli.pipeline.engine import EngineOptions, import_ray
+from rolloutcli.pipeline.gae import GaeOptions, run_gae
+from rolloutcli.pipeline.options import RunOptions
+
+OPTIONS, RUN = GaeOptions(), RunOptions()
+
+
+@pytest.fixture
+def ray_cluster(ray_cluster):
+    """The session's two-node cluster (conftest), with this file's units pickled by value for its workers."""
+    ray, _ = ray_cluster
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return ray
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for i, (T, N) in enumerate([(12, 3), (20, 2), (12, 4), (8, 5)]):
+        write_rollout(folder / f"r{i}.h5", rollout_arrays(T=T, N=N, seed=i))
+    return folder
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def gae_unit(src: Path, out: Path) -> tuple:
+    return (run_gae, (src, out, OPTIONS, RUN))
+
+
+def dying_once(marker: Path, src: Path, out: Path) -> dict:
+    """A unit whose process dies the first time it runs (as a node lost mid-task), then does its work."""
+    if src.name == "r1.h5" and not marker.exists():
+        marker.write_text("died once")
+        os._exit(1)
+    return run_gae(src, out, OPTIONS, RUN)
+
+
+def failing_once(marker: Path, src: Path, out: Path) -> dict:
+    """A unit whose first attempt fails with an I/O error (a flaky file system)."""
+    if src.name == "r1.h5" and not marker.exists():
+        marker.write_text("failed once")
+        raise OSError(5, "injected I/O error")
+    return run_gae(src, out, OPTIONS, RUN)
+
+
+def run(runs: Path, dst: Path, engine: EngineOptions, unit=gae_unit) -> dict:
+    return run_dataset(resolve([runs]), dst, "gae", {}, unit, engine)
+
+
+def test_ray_two_nodes_same_bytes_and_a_dying_task_retried(ray_cluster, runs: Path, tmp_path: Path) -> None:
+    assert len([n for n in ray_cluster.nodes() if n["Alive"]]) == 2
+    run(runs, tmp_path / "local", EngineOptions())
+    run(runs, tmp_path / "ray", EngineOptions(engine="ray"))
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    marker = tmp_path / "marker"
+    run(runs, tmp_path / "retried", EngineOptions(engine="ray"), lambda s, o: (dying_once, (marker, s, o)))
+    assert marker.exists() and tree(tmp_path / "retried") == tree(tmp_path / "local")
+
+
+def test_ray_cli_and_unreachable_address(ray_cluster, cli, runs: Path, tmp_path: Path) -> None:
+    assert cli("gae", runs, "-o", tmp_path / "local")[0] == 0
+    code, _, err = cli("gae", runs, "-o", tmp_path / "ray", "--engine", "ray", "--no-hdf5-locking")
+    assert code == 0, err
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    code, _, err = cli("gae", runs, "-o", tmp_path / "x", "--engine", "ray", "--address", "127.0.0.1:9")
+    assert code == 3 and "127.0.0.1:9: cannot reach the Ray cluster" in err
+    assert not (tmp_path / "x").exists() and not partial_folder(tmp_path / "x").exists()
+
+
+def test_batch_on_ray_same_bytes(ray_cluster, cli, runs: Path, tmp_path: Path) -> None:
+    data = gae_files(cli, runs, tmp_path / "gae")
+    args = ["-m", 4, "--epochs", 2, "--max-memory", "16K"]
+    assert cli("batch", data, "-o", tmp_path / "local", *args)[0] == 0
+    code, _, err = cli("batch", data, "-o", tmp_path / "ray", *args, "--engine", "ray")
+    assert code == 0, err
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gae", "local", "ray", "runs"]
+
+
+def test_local_workers_1_and_2_same_bytes_and_a_retried_unit(runs: Path, tmp_path: Path) -> None:
+    run(runs, tmp_path / "w1", EngineOptions(workers=1))
+    run(runs, tmp_path / "w2", EngineOptions(workers=2))
+    assert tree(tmp_path / "w1") == tree(tmp_path / "w2")
+    marker = tmp_path / "marker"
+    run(runs, tmp_path / "retried", EngineOptions(workers=2), lambda s, o: (failing_once, (marker, s, o)))
+    assert marker.exists() and tree(tmp_path / "retried") == tree(tmp_path / "w1")
+
+
+def test_local_worker_dying_publishes_nothing(runs: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    with pytest.raises(RolloutError, match="a worker process died") as error:
+        run(runs, tmp_path / "out", EngineOptions(workers=2), lambda s, o: (dying_once, (marker, s, o)))
+    assert error.value.exit_code == 3 and not (tmp_path / "out").exists()
+    assert partial_folder(tmp_path / "out").is_dir()  # kept for --resume
+    assert sorted(p.name for p in runs.iterdir()) == ["r0.h5", "r1.h5", "r2.h5", "r3.h5"]  # inputs untouched
+
+
+def test_without_ray_engine_ray_exits_2_saying_how_to_install(monkeypatch, cli, runs: Path, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(RolloutError, match=r'pip install "rolloutcli\[ray\]"') as error:
+        import_ray()
+    assert error.value.exit_code == 2
+    code, _, err = cli("gae", runs, "-o", tmp_path / "x", "--engine", "ray")
+    assert code == 2 and 'pip install "rolloutcli[ray]"' in err
+    code, _, err = cli("gae", runs, "-o", tmp_path / "x", "--address", "auto")
+    assert code == 2 and "--address: expected --engine ray" in err
+
+
+def gae_files(cli, runs: Path, out: Path) -> Path:
+    assert cli("gae", runs, "-o", out)[0] == 0
+    return out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-m", 5, "--epochs", 2, "--max-memory", "8K"],  # many blocks of every file, two streamed orders
+        ["-m", 3, "--epochs", 2, "--recurrent", "--shuffle-envs"],
+    ],
+)
+def test_batch_on_workers_same_bytes(cli, runs: Path, tmp_path: Path, args: list) -> None:
+    data = gae_files(cli, runs, tmp_path / "gae")
+    if "--recurrent" in args:  # one T: the files of T = 12
+        data = [data / "r0.h5", data / "r2.h5"]
+    else:
+        data = [data]
+    assert cli("batch", *data, "-o", tmp_path / "one", *args)[0] == 0
+    code, _, err = cli("batch", *data, "-o", tmp_path / "two", *args, "--workers", 2)
+    assert code == 0, err
+    assert tree(tmp_path / "one") == tree(tmp_path / "two")
+
+
+def test_batch_distillation_on_workers_same_bytes(cli, tmp_path: Path) -> None:
+    from conftest import SAMPLE
+
+    assert cli("batch", SAMPLE, "-o", tmp_path / "one", "-m", 4, "--distillation")[0] == 0
+    assert cli("batch", SAMPLE, "-o", tmp_path / "two", "-m", 4, "--distillation", "--workers", 2)[0] == 0
+    assert tree(tmp_path / "one") == tree(tmp_path / "two")
