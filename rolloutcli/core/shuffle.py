@@ -1,8 +1,8 @@
 """Load-time orders: which permutation a reader uses for a given seed, epoch and stream.
 
 Every load-time shuffle (``ShardDataset(shuffle=True)``: the order of shards, the order of rows within a shard)
-goes through :func:`epoch_order`, so changing the order is a change of this one function. Nothing here touches
-the global RNG: each order comes from its own ``torch.Generator``.
+goes through :func:`epoch_order`, the same stateless bijection as the exports' default order
+(:class:`rolloutcli.core.order.RowOrder`), keyed by ``(seed, epoch, stream)``. Nothing here touches the global RNG.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 
 import torch
+
+from rolloutcli.core.order import RowOrder
 
 
 def epoch_order(n: int, seed: int, epoch: int, stream: int = 0) -> torch.Tensor:
@@ -19,5 +21,4 @@ def epoch_order(n: int, seed: int, epoch: int, stream: int = 0) -> torch.Tensor:
     manifest), so each can be drawn alone, in any process, without drawing the others first.
     """
     key = hashlib.blake2b(f"{seed}/{epoch}/{stream}".encode(), digest_size=8).digest()
-    generator = torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
-    return torch.randperm(n, generator=generator)
+    return RowOrder(int.from_bytes(key, "little") >> 2, n).rows()
