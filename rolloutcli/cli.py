@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from rolloutcli import cli_nstep
 from rolloutcli.cli_batch import batch
 from rolloutcli.cli_common import (
     DeviceOpt,
@@ -190,6 +191,7 @@ def split(
 app.command(
     epilog=_example("rolloutcli batch run_gae.h5 -o shards --num-mini-batches 4 --recurrent --epochs 2"),
 )(batch)
+app.command(epilog=_example(cli_nstep.EXAMPLE))(cli_nstep.nstep)
 
 
 class _Signalled(BaseException):
