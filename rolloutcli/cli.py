@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rolloutcli import cli_nstep
+from rolloutcli import cli_nstep, cli_stats
 from rolloutcli.cli_batch import batch
 from rolloutcli.cli_common import (
     DeviceOpt,
@@ -97,6 +97,7 @@ def inspect(
     file: FileArg,
     json_output: JsonOpt = False,
     strict: flag("--strict", text="Exit 1 when the data has problems.") = False,
+    per_dim: flag("--per-dim", text="Per-dimension mean/std/min/max of observations and actions.") = False,
     max_memory: MemoryOpt = "1G",
     allow_external: ExternalOpt = False,
     quiet: QuietOpt = False,
@@ -105,8 +106,8 @@ def inspect(
     from rolloutcli.pipeline.inspect import run_inspect
     from rolloutcli.render import render_inspect
 
-    report = run_inspect(file, run_options(max_memory, allow_external), RichProgress(quiet))
-    emit(report, render_inspect, json_output, quiet)
+    report = run_inspect(file, run_options(max_memory, allow_external), RichProgress(quiet), per_dim=per_dim)
+    emit(report, cli_nstep.with_per_dim(render_inspect) if per_dim else render_inspect, json_output, quiet)
     if strict and report["warnings"]:
         where = "run without -q to see them" if quiet and not json_output else "listed above"
         raise RolloutError(f"{file}: --strict: {len(report['warnings'])} warnings ({where}).")
@@ -192,6 +193,7 @@ app.command(
     epilog=_example("rolloutcli batch run_gae.h5 -o shards --num-mini-batches 4 --recurrent --epochs 2"),
 )(batch)
 app.command(epilog=_example(cli_nstep.EXAMPLE))(cli_nstep.nstep)
+app.command(epilog=_example(cli_stats.EXAMPLE))(cli_stats.stats)
 
 
 class _Signalled(BaseException):

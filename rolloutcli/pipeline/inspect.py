@@ -15,6 +15,7 @@ from rolloutcli.errors import RolloutError
 from rolloutcli.fields import by_flag
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.per_dim import per_dim_report, scan_per_dim
 from rolloutcli.pipeline.progress import Progress
 
 BLOWUP_WARNING = 10.0  # padded size / input size above which split warns
@@ -44,8 +45,11 @@ def hidden_layout(reader: RolloutReader) -> dict[str, dict[str, Any]]:
     return layout
 
 
-def run_inspect(path: Path, options: RunOptions, progress: Progress | None = None) -> dict[str, Any]:
-    """Summarise ``path``; structural problems raise ``RolloutError``, value problems become warnings."""
+def run_inspect(
+    path: Path, options: RunOptions, progress: Progress | None = None, *, per_dim: bool = False
+) -> dict[str, Any]:
+    """Summarise ``path``; structural problems raise ``RolloutError``, value problems become warnings.
+    ``per_dim`` adds ``per_dim``: per-dimension statistics of the observation groups and actions."""
     progress = progress or Progress()
     with RolloutReader(path, options.safety, check=False, budget=options.max_memory) as reader:
         schema = reader.schema
@@ -59,6 +63,7 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
         blowup = padded_bytes / max(input_bytes, 1)
         gae = {k: schema.attrs[k] for k in GAE_ATTRS if k in schema.attrs}
         warnings.extend(_warnings(reader, blowup, gae))
+        extra = {"per_dim": per_dim_report(scan_per_dim(reader, progress))} if per_dim else {}
         return {
             "file": str(path),
             "size_bytes": os.path.getsize(path),
@@ -91,6 +96,7 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
             },
             "attrs": schema.attrs,
             "warnings": warnings,
+            **extra,
         }
 
 
