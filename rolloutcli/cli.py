@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rolloutcli import cli_nstep, cli_stats
+from rolloutcli import cli_nstep, cli_plot, cli_stats
 from rolloutcli.cli_batch import batch
 from rolloutcli.cli_common import (
     DeviceOpt,
@@ -194,6 +194,7 @@ app.command(
 )(batch)
 app.command(epilog=_example(cli_nstep.EXAMPLE))(cli_nstep.nstep)
 app.command(epilog=_example(cli_stats.EXAMPLE))(cli_stats.stats)
+app.command(epilog=_example(cli_plot.EXAMPLE))(cli_plot.plot)
 
 
 class _Signalled(BaseException):

@@ -25,6 +25,7 @@ from rolloutcli.cli_common import (
     flag,
     run_options,
 )
+from rolloutcli.cli_nstep import NStepTimeouts
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.render import RichProgress, render_batch
 
@@ -57,6 +58,17 @@ HistoryOpt = Annotated[
     int | None, count_option("--history", text="Export history windows [B, K, ...] of observations.", metavar="K")
 ]
 AcrossOpt = flag("--across-episodes", text="--history: never reset at dones (AMP); windows may straddle episodes.")
+TransitionsOpt = flag("--transitions", text="Off-policy transitions (s, a, R, s', discount, terminated, truncated).")
+NStepOpt = Annotated[
+    int | None, count_option("--n-step", text="--transitions: K-step returns (default 1).", metavar="K")
+]
+GammaOpt = Annotated[
+    float | None, typer.Option("--gamma", min=0.0, max=1.0, help="--transitions: discount (default 0.99).")
+]
+TimeoutsOpt = Annotated[
+    NStepTimeouts | None,
+    typer.Option("--timeouts", help="--transitions: final-value (bootstrap from final_observations) or ignore."),
+]
 GroupsOpt = Annotated[
     str | None, typer.Option("--observations", help="--history: observation groups to export, e.g. policy,critic.")
 ]
@@ -76,6 +88,10 @@ def batch(
     history: HistoryOpt = None,
     across_episodes: AcrossOpt = False,
     observations: GroupsOpt = None,
+    transitions: TransitionsOpt = False,
+    n_step: NStepOpt = None,
+    gamma: GammaOpt = None,
+    timeouts: TimeoutsOpt = None,
     overwrite: OverwriteOpt = False,
     json_output: JsonOpt = False,
     max_memory: MemoryOpt = "1G",
@@ -84,7 +100,7 @@ def batch(
 ) -> None:
     """Export mini-batch shards (one HDF5 file per mini-batch) and a manifest.json into a new folder.
 
-    --history K exports history windows [B, K, ...] of observations instead.
+    --history K exports history windows [B, K, ...] of observations instead; --transitions off-policy transitions.
     """
     if output is None:
         raise RolloutError("batch: expected an output folder (-o SHARDS/), found none.", exit_code=EXIT_USAGE)
@@ -94,10 +110,28 @@ def batch(
     # on every machine): no --device; ShardDataset picks where batches go.
     run = run_options(max_memory, allow_external)
     compression = compression and compression.value
-    from rolloutcli.pipeline.batch import BatchOptions, HistoryOptions, run_batch
+    from rolloutcli.pipeline.batch import BatchOptions, HistoryOptions, TransitionOptions, run_batch
 
-    options: BatchOptions | HistoryOptions
-    if history is not None:
+    options: BatchOptions | HistoryOptions | TransitionOptions
+    transition_options = (("--n-step", n_step), ("--gamma", gamma), ("--timeouts", timeouts))
+    if not transitions:
+        for name, value in transition_options:
+            if value is not None:
+                raise RolloutError(f"{name}: expected --transitions with it, found none.", exit_code=EXIT_USAGE)
+    if transitions:
+        flags = [("--recurrent", recurrent), ("--distillation", distillation), ("--rsl-parity", rsl_parity)]
+        flags += [("--shuffle-envs", shuffle_envs), ("--history", history is not None)]
+        given = [name for name, on in flags if on]
+        if given:
+            raise RolloutError(
+                f"--transitions: expected none of {', '.join(given)} (transitions are a mode of their own).",
+                exit_code=EXIT_USAGE,
+            )
+        rule = (timeouts or NStepTimeouts.final_value).value
+        options = TransitionOptions(
+            num_mini_batches, n_step or 1, 0.99 if gamma is None else gamma, rule, epochs, seed, compression
+        )
+    elif history is not None:
         flags = [("--recurrent", recurrent), ("--distillation", distillation), ("--rsl-parity", rsl_parity)]
         given = [name for name, on in [*flags, ("--shuffle-envs", shuffle_envs)] if on]
         if given:

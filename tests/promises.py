@@ -77,6 +77,10 @@ COMMANDS: dict[str, Command] = {
     "split": Command(lambda s, d: ["split", s, "-o", d]),
     "split --unpad": Command(lambda s, d: ["split", "--unpad", s, "-o", d], source="split"),
     "batch": Command(lambda s, d: ["batch", s, "-o", d, "-m", "4"], output="folder", source="gae"),
+    "batch --transitions": Command(
+        lambda s, d: ["batch", s, "-o", d, "-m", "2", "--transitions", "--n-step", "2", "--timeouts", "ignore"],
+        output="folder",
+    ),
     "nstep": Command(lambda s, d: ["nstep", s, "-o", d, "--n", "1", "--timeouts", "ignore"]),
 }
 WRITERS = [name for name, command in COMMANDS.items() if command.writes]

@@ -31,6 +31,7 @@ from rolloutcli.pipeline.shard_export import (
     run_export,
     usage,
 )
+from rolloutcli.pipeline.transitions import TransitionOptions, transitions_job
 
 ORDER_TEXT = {
     ("feedforward", False): "epoch e: the e-th torch.randperm(T*N) drawn from torch.Generator().manual_seed(seed); "
@@ -218,13 +219,14 @@ def _job(reader: RolloutReader, options: BatchOptions) -> ExportJob:
 def run_batch(
     src: Path,
     dst: Path,
-    options: BatchOptions | HistoryOptions,
+    options: BatchOptions | HistoryOptions | TransitionOptions,
     run: RunOptions,
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows).
+    """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows;
+    ``TransitionOptions``: off-policy transitions).
 
     Raises:
         RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
@@ -232,6 +234,8 @@ def run_batch(
     """
     if isinstance(options, HistoryOptions):
         prepare = partial(history_job, options=options, budget=run.max_memory)
+    elif isinstance(options, TransitionOptions):
+        prepare = partial(transitions_job, options=options, budget=run.max_memory)
     else:
         _check_options(options)
         prepare = partial(_job, options=options)

@@ -61,22 +61,23 @@ def run_nstep(
     progress = progress or Progress()
 
     def make(reader: RolloutReader) -> Derived:
-        return _NStep(reader, options, _rewards_source(reader, options, run)).derived()
+        return _NStep(reader, options, check_nstep_source(reader, options, run.max_memory)).derived()
 
     return run_derive(src, dst, make, run, name="nstep", overwrite=overwrite, in_place=in_place, progress=progress)
 
 
-def _rewards_source(reader: RolloutReader, options: NStepOptions, run: RunOptions) -> str:
-    """Check what the job needs (``--n`` fits T, final observations for time-outs); return the rewards' name."""
+def check_nstep_source(reader: RolloutReader, options: NStepOptions, budget: int, flag: str = "--n") -> str:
+    """Check what n-step windows need (``flag`` K fits T, final observations for time-outs); return the name of
+    the rewards to sum (``rewards_raw`` where the rewards hold a time-out bootstrap)."""
     if options.n > reader.T:
         raise RolloutError(
-            f"{reader.path}: --n: expected at most T = {reader.T} steps, found {options.n}. Pass --n {reader.T} "
-            "or less.",
+            f"{reader.path}: {flag}: expected at most T = {reader.T} steps, found {options.n}. Pass {flag} "
+            f"{reader.T} or less.",
             exit_code=EXIT_USAGE,
         )
     fields = reader.schema.fields
     if options.timeouts == "final-value" and "time_outs" in fields and not reader.schema.names("final_observations"):
-        count = _count_time_outs(reader, run)
+        count = _count_time_outs(reader, budget)
         if count:
             raise RolloutError.field(
                 reader.path,
@@ -101,10 +102,10 @@ def _rewards_source(reader: RolloutReader, options: NStepOptions, run: RunOption
     return "rewards_raw"
 
 
-def _count_time_outs(reader: RolloutReader, run: RunOptions) -> int:
+def _count_time_outs(reader: RolloutReader, budget: int) -> int:
     return sum(
         int(np.count_nonzero(reader.array("time_outs", a, b)))
-        for a, b in reader.blocks(["time_outs"], budget=max(run.max_memory // 2, 1))
+        for a, b in reader.blocks(["time_outs"], budget=max(budget // 2, 1))
     )
 
 
