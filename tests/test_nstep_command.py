@@ -123,3 +123,18 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, cli, args: list[st
     code, _, err = cli("nstep", source, "-o", tmp_path / "out.h5", *args, "-q")
     assert code == 2 and message in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.h5"]
+
+
+def test_same_bytes_without_the_compiled_kernel(tmp_path: Path, cli, monkeypatch) -> None:
+    from rolloutcli.core import nstep
+
+    source = write_rollout(tmp_path / "in.h5", _with_finals(rollout_arrays(T=50, N=40, end_rate=0.1)))
+    outputs = []
+    for name in ("compiled", "torch"):
+        if name == "torch":
+            monkeypatch.setattr(nstep, "kernel", lambda: None)
+        out = tmp_path / f"{name}.h5"
+        code, _, err = cli("nstep", source, "-o", out, "--n", "6", "-q")
+        assert code == 0, err
+        outputs.append([_outputs(out)[n].tobytes() for n in OUTPUTS])
+    assert outputs[0] == outputs[1]

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rolloutcli.core.nstep import nstep_returns
+from rolloutcli.core.nstep import kernel, nstep_returns, nstep_torch
 
 
 def naive(rewards, dones, time_outs, n, gamma, timeouts="final-value"):
@@ -52,14 +52,37 @@ def rollouts(draw):
     st.sampled_from(["final-value", "ignore"]),
 )
 def test_matches_naive_loop_bit_for_bit(data, n, gamma, timeouts):
+    """Both paths: the compiled kernel (where built) and torch."""
     rewards, dones, time_outs = data
-    got = nstep_returns(
-        torch.from_numpy(rewards), torch.from_numpy(dones), n, gamma, torch.from_numpy(time_outs), timeouts=timeouts
-    )
     want = naive(rewards, dones, time_outs, n, gamma, timeouts)
-    assert got.returns.numpy().tobytes() == want[0].tobytes()
-    assert got.discount.numpy().tobytes() == want[1].tobytes()
-    np.testing.assert_array_equal(got.next_step.numpy(), want[2])
+    for path in (nstep_returns, nstep_torch):
+        args = (torch.from_numpy(rewards), torch.from_numpy(dones), n, gamma)
+        for outs in (torch.from_numpy(time_outs), None):
+            got = path(*args, outs, timeouts=timeouts)
+            expected = want if outs is not None else naive(rewards, dones, 0 * time_outs, n, gamma, timeouts)
+            assert got.returns.numpy().tobytes() == expected[0].tobytes()
+            assert got.discount.numpy().tobytes() == expected[1].tobytes()
+            np.testing.assert_array_equal(got.next_step.numpy(), expected[2])
+
+
+def test_the_kernel_is_built_where_required():
+    import os
+
+    if os.environ.get("ROLLOUTCLI_REQUIRE_NATIVE") == "1":
+        assert kernel() is not None
+
+
+def test_compiled_and_torch_paths_agree_on_a_large_rollout():
+    g = torch.Generator().manual_seed(5)
+    rewards = torch.randn(300, 700, generator=g)
+    rewards[torch.rand(300, 700, generator=g) < 0.01] = -0.0
+    dones = (torch.rand(300, 700, generator=g) < 0.05).to(torch.uint8)
+    time_outs = dones * (torch.rand(300, 700, generator=g) < 0.5)
+    for timeouts in ("final-value", "ignore"):
+        a = nstep_returns(rewards, dones, 7, 0.97, time_outs, timeouts=timeouts)
+        b = nstep_torch(rewards, dones, 7, 0.97, time_outs, timeouts=timeouts)
+        for x, y, name in zip(a, b, a._fields, strict=True):
+            assert x.numpy().tobytes() == y.numpy().tobytes(), name
 
 
 def test_env_blocks_do_not_change_bytes():

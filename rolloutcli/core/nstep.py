@@ -16,9 +16,15 @@ operation rounded.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
+import numpy as np
 import torch
+
+from rolloutcli.core.gae_numpy import cpu_threads
 
 TIMEOUT_RULES = ("final-value", "ignore")
 
@@ -29,7 +35,7 @@ class NStep(NamedTuple):
     returns: torch.Tensor  # float32
     discount: torch.Tensor  # float32
     next_step: torch.Tensor  # int64
-    steps: torch.Tensor  # int64
+    steps: torch.Tensor  # int32
 
 
 def nstep_returns(
@@ -52,6 +58,21 @@ def nstep_returns(
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     if timeouts not in TIMEOUT_RULES:
         raise ValueError(f"timeouts must be one of {TIMEOUT_RULES}, got {timeouts!r}")
+    if rewards.device.type == "cpu" and kernel() is not None and rewards.numel():
+        return _compiled(rewards, dones, n, gamma, time_outs, timeouts == "final-value")
+    return nstep_torch(rewards, dones, n, gamma, time_outs, timeouts=timeouts)
+
+
+def nstep_torch(
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    n: int,
+    gamma: float,
+    time_outs: torch.Tensor | None = None,
+    *,
+    timeouts: str = "final-value",
+) -> NStep:
+    """:func:`nstep_returns` in torch (any device; the CPU's compiled kernel gives the same bits)."""
     steps_total, device = rewards.shape[0], rewards.device
     ends = dones.to(torch.bool)
     if time_outs is not None:
@@ -64,7 +85,7 @@ def nstep_returns(
     total = r + 0.0  # 0.0 + r_t as in a loop starting from 0 (turns -0.0 into 0.0; never -0.0 afterwards)
     alive = torch.ones_like(ends)  # the window of step t still takes rewards at offset k
     stop = torch.zeros_like(kind)  # the kind of the window's last step
-    count = torch.ones(rewards.shape, dtype=torch.int64, device=device)
+    count = torch.ones(rewards.shape, dtype=torch.int32, device=device)
     weights = _powers(gamma, min(n, steps_total))
     for k in range(1, min(n, steps_total)):
         span = steps_total - k
@@ -80,6 +101,63 @@ def nstep_returns(
     next_step = torch.arange(steps_total, device=device).unsqueeze(1).add(count)
     next_step.masked_fill_(stop.bool(), -1)
     return NStep(total, discount, next_step, count)
+
+
+@functools.cache
+def kernel() -> ctypes.CDLL | None:
+    """The compiled kernel (``_nstep.c``), or None where it was not built."""
+    try:
+        from rolloutcli.core import _nstep_native  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    lib = ctypes.CDLL(_nstep_native.__file__)  # a CDLL call releases the GIL: threads run column blocks
+    if lib.rolloutcli_nstep_abi_version() != 1:
+        return None
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    lib.rolloutcli_nstep.argtypes = [pointer] * 3 + [size] * 6 + [pointer] * 6
+    lib.rolloutcli_nstep.restype = None
+    return lib
+
+
+# Fewer elements per thread than this and waking a thread costs more than the work it takes; column blocks are
+# multiples of _LANE envs (64 bytes of float32: threads never share a cache line).
+_MIN_ELEMENTS_PER_THREAD = 1 << 17
+_LANE = 16
+
+
+def _compiled(
+    rewards: torch.Tensor, dones: torch.Tensor, n: int, gamma: float, time_outs: torch.Tensor | None, boot: bool
+) -> NStep:
+    """The C kernel over column blocks on threads (each column depends on itself alone: the same bits)."""
+    steps, envs = rewards.shape
+    r = np.ascontiguousarray(rewards.detach().numpy(), dtype=np.float32)
+    d = np.ascontiguousarray(dones.detach().numpy() != 0, dtype=np.uint8)
+    o = d if time_outs is None else np.ascontiguousarray(time_outs.detach().numpy() != 0, dtype=np.uint8)
+    powers = _powers(gamma, min(n, steps))
+    w = np.array(powers[: min(n, steps)], dtype=np.float32)
+    table = np.array(powers, dtype=np.float32)
+    shape = (steps, envs)
+    out = np.empty(shape, np.float32), np.empty(shape, np.float32), np.empty(shape, np.int64), np.empty(shape, np.int32)
+    lib = kernel()
+    assert lib is not None
+
+    def run(start: int, stop: int) -> None:
+        f, b, q = 4 * start, start, 8 * start  # byte offsets of the first column: float32, uint8, int64
+        lib.rolloutcli_nstep(
+            r.ctypes.data + f, d.ctypes.data + b, o.ctypes.data + b, int(time_outs is not None), int(boot),
+            steps, stop - start, envs, n, w.ctypes.data, table.ctypes.data,
+            out[0].ctypes.data + f, out[1].ctypes.data + f, out[2].ctypes.data + q, out[3].ctypes.data + f,
+        )  # fmt: skip
+
+    threads = max(1, min(cpu_threads(), r.size // _MIN_ELEMENTS_PER_THREAD, -(-envs // _LANE)))
+    width = -(-envs // (threads * _LANE)) * _LANE
+    spans = [(a, min(envs, a + width)) for a in range(0, envs, width)]
+    if len(spans) == 1:
+        run(0, envs)
+    else:
+        with ThreadPoolExecutor(len(spans)) as pool:
+            list(pool.map(lambda span: run(*span), spans))
+    return NStep(*(torch.from_numpy(a) for a in out))
 
 
 def _powers(gamma: float, n: int) -> list[float]:
