@@ -35,3 +35,12 @@ def test_non_finite_values_are_counted_not_averaged():
     assert stats["mean"] == [3.0, 3.0] and stats["min"] == [1.0, 2.0] and stats["max"] == [5.0, 4.0]
     empty = DimMoments.of(np.full((2, 1), np.nan, np.float32)).as_dict()
     assert empty["mean"] == [None] and empty["nonfinite"] == [2]
+
+
+def test_pieces_of_a_large_block_merge_exactly(monkeypatch):
+    from rolloutcli.core import per_dim
+
+    values = np.random.default_rng(0).standard_normal((1000, 3)).astype(np.float32)
+    whole = DimMoments.of(values)
+    monkeypatch.setattr(per_dim, "CHUNK", 64)
+    assert DimMoments.of(values) == whole

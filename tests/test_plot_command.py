@@ -6,6 +6,7 @@ import itertools
 import sys
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 from rollout_factory import rollout_arrays, write_rollout
@@ -101,3 +102,22 @@ def test_bad_suffix_exits_2(tmp_path: Path, cli) -> None:
     source = write_rollout(tmp_path / "in.h5", rollout_arrays(T=5, N=2))
     code, _, err = cli("plot", source, "-o", tmp_path / "r.jpg")
     assert code == 2 and "expected a file ending in .png, .svg, .html, found 'r.jpg'" in err
+
+
+def test_streams_in_bounded_memory(tmp_path: Path) -> None:
+    """A 96 MiB file under --max-memory 8M peaks at most 48 MiB above a tiny file's plot (the data is never whole)."""
+    from test_memory_bounds import _peak_child
+
+    peaks = []
+    for name, (T, N) in (("tiny", (16, 4)), ("large", (3072, 64))):
+        src = tmp_path / f"{name}.h5"
+        with h5py.File(src, "w") as handle:
+            rng = np.random.default_rng(0)
+            handle["observations/policy"] = rng.standard_normal((T, N, 128), dtype=np.float32)
+            handle["actions"] = rng.standard_normal((T, N, 2), dtype=np.float32)
+            handle["rewards"] = rng.standard_normal((T, N), dtype=np.float32)
+            handle["dones"] = (rng.random((T, N)) < 0.02).astype(np.uint8)
+        code, err, peak = _peak_child(["plot", str(src), "-o", str(tmp_path / f"{name}.png"), "--max-memory", "8M"])
+        assert code == 0, err
+        peaks.append(peak)
+    assert peaks[1] - peaks[0] < 48 * 1024, peaks

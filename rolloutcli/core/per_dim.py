@@ -16,6 +16,8 @@ import numpy as np
 
 from rolloutcli.core.moments import ExactMoments
 
+CHUNK = 1 << 20  # values per piece of a block (see DimMoments.of)
+
 
 def _binned_sums(weights: np.ndarray, bins: np.ndarray, dims: int, scale: int) -> list[int]:
     """Per dimension, ``sum(weights) * 2**scale`` exactly (the invariant of ``moments._exponent_sums``)."""
@@ -39,7 +41,19 @@ class DimMoments:
 
     @classmethod
     def of(cls, values: Any) -> DimMoments:
-        """Moments of a block ``[rows, D]`` (rows of any count, dimensions on the last axis)."""
+        """Moments of a block ``[rows, D]`` (rows of any count, dimensions on the last axis), taken in pieces of
+        about ``CHUNK`` values: the float64 temporaries stay small whatever the block (the merge is exact)."""
+        rows, dims = values.shape
+        step = max(1, CHUNK // max(dims, 1))
+        if rows <= step:
+            return cls._of(values)
+        out = cls.empty(dims)
+        for start in range(0, rows, step):
+            out = out.merge(cls._of(values[start : start + step]))
+        return out
+
+    @classmethod
+    def _of(cls, values: Any) -> DimMoments:
         block = np.ascontiguousarray(values, dtype=np.float32)
         rows, dims = block.shape
         exponents = ((block.view(np.uint32) >> 23) & 0xFF).astype(np.intp)
