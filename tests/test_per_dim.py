@@ -44,3 +44,12 @@ def test_pieces_of_a_large_block_merge_exactly(monkeypatch):
     whole = DimMoments.of(values)
     monkeypatch.setattr(per_dim, "CHUNK", 64)
     assert DimMoments.of(values) == whole
+
+
+def test_small_integers_take_the_integer_path_with_the_same_result():
+    values = np.random.default_rng(2).integers(0, 256, (500, 7)).astype(np.uint8)
+    fast = DimMoments.of(values)
+    assert fast == DimMoments.of(values.astype(np.float32))
+    stats = fast.as_dict()
+    np.testing.assert_allclose(stats["mean"], values.astype(np.float64).mean(0), rtol=1e-15)
+    np.testing.assert_allclose(stats["std"], values.astype(np.float64).std(0, ddof=1), rtol=1e-12)
