@@ -107,7 +107,7 @@ def inspect(
     from rolloutcli.render import render_inspect
 
     report = run_inspect(file, run_options(max_memory, allow_external), RichProgress(quiet), per_dim=per_dim)
-    emit(report, cli_nstep.with_per_dim(render_inspect) if per_dim else render_inspect, json_output, quiet)
+    emit(report, cli_stats.with_per_dim(render_inspect) if per_dim else render_inspect, json_output, quiet)
     if strict and report["warnings"]:
         where = "run without -q to see them" if quiet and not json_output else "listed above"
         raise RolloutError(f"{file}: --strict: {len(report['warnings'])} warnings ({where}).")

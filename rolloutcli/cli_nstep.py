@@ -6,9 +6,8 @@ Registered on the app by ``cli.py``. The pipeline is imported inside the command
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -66,15 +65,3 @@ def nstep(
         file, output, options, run, overwrite=overwrite, in_place=in_place, progress=RichProgress(quiet)
     )
     emit(summary, render_nstep, json_output, quiet, file if in_place else output)
-
-
-def with_per_dim(render: Callable[..., None]) -> Callable[..., None]:
-    """``inspect``'s renderer followed by the ``--per-dim`` table."""
-
-    def both(console: Any, report: dict[str, Any]) -> None:
-        from rolloutcli.render_nstep import render_per_dim
-
-        render(console, report)
-        render_per_dim(console, report["per_dim"])
-
-    return both

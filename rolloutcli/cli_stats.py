@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,3 +45,15 @@ def _render(console: Any, summary: dict[str, Any]) -> None:
         f"normalizer of observations/{summary['group']} {summary['shape']} over {summary['count']} rows "
         f"-> {summary['output']}"
     )
+
+
+def with_per_dim(render: Callable[..., None]) -> Callable[..., None]:
+    """``inspect``'s renderer followed by the ``--per-dim`` table."""
+
+    def both(console: Any, report: dict[str, Any]) -> None:
+        from rolloutcli.render_nstep import render_per_dim
+
+        render(console, report)
+        render_per_dim(console, report["per_dim"])
+
+    return both

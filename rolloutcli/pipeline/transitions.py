@@ -7,7 +7,7 @@ one K steps on within the episode, ``final_observations`` where the window ends 
 the file has none and the end is a termination: its discount is 0), ``last_observations`` past the rollout's
 end. Transitions whose bootstrap observation is unknown (past the end without ``last_observations``) are held
 back. The eligible rows are shuffled like every feed-forward export: epoch e cuts the e-th ``torch.randperm``.
-The windows of the whole file are computed first, per env block, and kept (24 bytes per row).
+The windows of the whole file are computed first, per env block, and kept (26 bytes per row).
 """
 
 from __future__ import annotations
