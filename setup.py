@@ -16,6 +16,12 @@ setup(
             # -ffp-contract=off: no fused multiply-add, so the float32 results equal RSL-RL's bit for bit.
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-fvisibility=hidden"],
             optional=True,
-        )
+        ),
+        Extension(  # the n-step kernel (rolloutcli/core/nstep.py; torch gives the same bits without it)
+            "rolloutcli.core._nstep_native",
+            sources=["rolloutcli/core/_nstep.c"],
+            extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-fvisibility=hidden"],
+            optional=True,
+        ),
     ]
 )

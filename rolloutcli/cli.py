@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from rolloutcli import cli_nstep, cli_plot, cli_stats
 from rolloutcli.cli_batch import batch
 from rolloutcli.cli_common import (
     DeviceOpt,
@@ -110,6 +111,7 @@ def inspect(
     files: FilesArg,
     json_output: JsonOpt = False,
     strict: flag("--strict", text="Exit 1 when the data has problems.") = False,
+    per_dim: flag("--per-dim", text="Per-dimension mean/std/min/max of observations and actions.") = False,
     max_memory: MemoryOpt = "1G",
     allow_external: ExternalOpt = False,
     quiet: QuietOpt = False,
@@ -123,11 +125,15 @@ def inspect(
     if dataset.many:
         from rolloutcli.pipeline.inspect_dataset import run_inspect_dataset
 
+        if per_dim:
+            raise RolloutError(
+                "--per-dim: expected one file, found a dataset; run it on each file.", exit_code=EXIT_USAGE
+            )
         report = run_inspect_dataset(dataset, run_options(max_memory, allow_external), RichProgress(quiet))
         emit(report, render_inspect_dataset, json_output, quiet)
     else:
-        report = run_inspect(file, run_options(max_memory, allow_external), RichProgress(quiet))
-        emit(report, render_inspect, json_output, quiet)
+        report = run_inspect(file, run_options(max_memory, allow_external), RichProgress(quiet), per_dim=per_dim)
+        emit(report, cli_stats.with_per_dim(render_inspect) if per_dim else render_inspect, json_output, quiet)
     if strict and report["warnings"]:
         where = "run without -q to see them" if quiet and not json_output else "listed above"
         raise RolloutError(f"{file}: --strict: {len(report['warnings'])} warnings ({where}).")
@@ -257,6 +263,9 @@ app.command(
 app.command(name="import", epilog=_example("rolloutcli import d4rl_hopper.hdf5 -o hopper.h5 --max-memory 256M"))(
     import_command
 )
+app.command(epilog=_example(cli_nstep.EXAMPLE))(cli_nstep.nstep)
+app.command(epilog=_example(cli_stats.EXAMPLE))(cli_stats.stats)
+app.command(epilog=_example(cli_plot.EXAMPLE))(cli_plot.plot)
 
 
 class _Signalled(BaseException):

@@ -33,6 +33,7 @@ from rolloutcli.cli_dataset import (
     engine_options,
     resolve_inputs,
 )
+from rolloutcli.cli_nstep import NStepTimeouts
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.render import RichProgress, render_batch
 
@@ -70,6 +71,17 @@ HistoryOpt = Annotated[
     int | None, count_option("--history", text="Export history windows [B, K, ...] of observations.", metavar="K")
 ]
 AcrossOpt = flag("--across-episodes", text="--history: never reset at dones (AMP); windows may straddle episodes.")
+TransitionsOpt = flag("--transitions", text="Off-policy transitions (s, a, R, s', discount, terminated, truncated).")
+NStepOpt = Annotated[
+    int | None, count_option("--n-step", text="--transitions: K-step returns (default 1).", metavar="K")
+]
+GammaOpt = Annotated[
+    float | None, typer.Option("--gamma", min=0.0, max=1.0, help="--transitions: discount (default 0.99).")
+]
+TimeoutsOpt = Annotated[
+    NStepTimeouts | None,
+    typer.Option("--timeouts", help="--transitions: final-value (bootstrap from final_observations) or ignore."),
+]
 GroupsOpt = Annotated[
     str | None, typer.Option("--observations", help="--history: observation groups to export, e.g. policy,critic.")
 ]
@@ -90,6 +102,10 @@ def batch(
     history: HistoryOpt = None,
     across_episodes: AcrossOpt = False,
     observations: GroupsOpt = None,
+    transitions: TransitionsOpt = False,
+    n_step: NStepOpt = None,
+    gamma: GammaOpt = None,
+    timeouts: TimeoutsOpt = None,
     overwrite: OverwriteOpt = False,
     engine: EngineOpt = "local",
     workers: WorkersOpt = 1,
@@ -102,7 +118,7 @@ def batch(
 ) -> None:
     """Export mini-batch shards (one HDF5 file per mini-batch) and a manifest.json into a new folder.
 
-    --history K exports history windows [B, K, ...] of observations instead.
+    --history K exports history windows [B, K, ...] of observations instead; --transitions off-policy transitions.
     """
     if output is None:
         raise RolloutError("batch: expected an output folder (-o SHARDS/), found none.", exit_code=EXIT_USAGE)
@@ -119,10 +135,30 @@ def batch(
     run = run_options(max_memory, allow_external)
     runner = engine_options(engine, workers, address, hdf5_locking)
     compression = compression and compression.value
-    from rolloutcli.pipeline.batch import BatchOptions, HistoryOptions, run_batch
+    from rolloutcli.pipeline.batch import BatchOptions, HistoryOptions, TransitionOptions, run_batch
 
-    options: BatchOptions | HistoryOptions
-    if history is not None:
+    options: BatchOptions | HistoryOptions | TransitionOptions
+    transition_options = (("--n-step", n_step), ("--gamma", gamma), ("--timeouts", timeouts))
+    if not transitions:
+        for name, value in transition_options:
+            if value is not None:
+                raise RolloutError(f"{name}: expected --transitions with it, found none.", exit_code=EXIT_USAGE)
+    if transitions:
+        flags = [("--recurrent", recurrent), ("--distillation", distillation), ("--rsl-parity", rsl_parity)]
+        flags += [("--shuffle-envs", shuffle_envs), ("--history", history is not None)]
+        flags += [("--batch-size", batch_size is not None)]
+        given = [name for name, on in flags if on]
+        if given:
+            raise RolloutError(
+                f"--transitions: expected none of {', '.join(given)} (transitions are a mode of their own).",
+                exit_code=EXIT_USAGE,
+            )
+        _require_mini_batches(num_mini_batches, "--transitions")
+        rule = (timeouts or NStepTimeouts.final_value).value
+        options = TransitionOptions(
+            num_mini_batches, n_step or 1, 0.99 if gamma is None else gamma, rule, epochs, seed, compression
+        )
+    elif history is not None:
         flags = [("--recurrent", recurrent), ("--distillation", distillation), ("--rsl-parity", rsl_parity)]
         given = [name for name, on in [*flags, ("--shuffle-envs", shuffle_envs), ("--batch-size", batch_size)] if on]
         if given:
@@ -131,7 +167,7 @@ def batch(
                 exit_code=EXIT_USAGE,
             )
         groups = _groups(observations)
-        assert num_mini_batches is not None
+        _require_mini_batches(num_mini_batches, "--history")
         options = HistoryOptions(history, num_mini_batches, epochs, seed, across_episodes, groups, compression)
     else:
         for name, on in (("--across-episodes", across_episodes), ("--observations", observations is not None)):
@@ -145,3 +181,8 @@ def batch(
     source = list(dataset.files) if dataset.many else dataset.files[0]
     summary = run_batch(source, output, options, run, overwrite=overwrite, progress=RichProgress(quiet), engine=runner)
     emit(summary, render_batch, json_output, quiet, output)
+
+
+def _require_mini_batches(num_mini_batches: int | None, mode: str) -> None:
+    if num_mini_batches is None:
+        raise RolloutError(f"{mode}: expected --num-mini-batches/-m M, found none.", exit_code=EXIT_USAGE)

@@ -339,6 +339,11 @@ def render_batch(console: Console, summary: dict[str, Any]) -> None:
         console.print(
             f"history windows of {summary['history']} steps ({', '.join(summary['groups'])}), {episodes}, no padding"
         )
+    if summary["mode"] == "transitions":
+        console.print(
+            f"transitions: {summary['n_step']}-step returns, gamma {summary['gamma']}, time-outs: "
+            f"{summary['timeouts']}; {summary['held_back']} held back (bootstrap observation unknown)"
+        )
     console.print(f"order: {summary['order']} (seed {summary['seed']})")
     if summary["dropped_rows"]:
         envs = f" ({len(summary['dropped_envs'])} envs)" if summary["dropped_envs"] else ""

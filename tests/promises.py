@@ -78,6 +78,11 @@ COMMANDS: dict[str, Command] = {
     "split --unpad": Command(lambda s, d: ["split", "--unpad", s, "-o", d], source="split"),
     "batch": Command(lambda s, d: ["batch", s, "-o", d, "-m", "4"], output="folder", source="gae"),
     "import": Command(lambda s, d: ["import", s, "-o", d], source="d4rl"),
+    "batch --transitions": Command(
+        lambda s, d: ["batch", s, "-o", d, "-m", "2", "--transitions", "--n-step", "2", "--timeouts", "ignore"],
+        output="folder",
+    ),
+    "nstep": Command(lambda s, d: ["nstep", s, "-o", d, "--n", "1", "--timeouts", "ignore"]),
 }
 WRITERS = [name for name, command in COMMANDS.items() if command.writes]
 ROLLOUT_READERS = [name for name, command in COMMANDS.items() if command.source in ("rollout", "gae")]

@@ -33,6 +33,7 @@ from rolloutcli.pipeline.shard_export import (
     run_export,
     usage,
 )
+from rolloutcli.pipeline.transitions import TransitionOptions, transitions_job
 
 ORDER_TEXT = {
     ("feedforward", False): "epoch e: the feistel-cw bijection of the T*N rows keyed by the e-th "
@@ -277,16 +278,17 @@ def _job(source: RolloutReader | list[RolloutReader], options: BatchOptions) -> 
 def run_batch(
     src: Path | list[Path],
     dst: Path,
-    options: BatchOptions | HistoryOptions,
+    options: BatchOptions | HistoryOptions | TransitionOptions,
     run: RunOptions,
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
     engine: Any = None,
 ) -> dict[str, Any]:
-    """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows), or
-    from a dataset (a list of files, sorted; feed-forward: one shuffle over every row of every file; recurrent
-    and distillation: env groups or step ranges over all files' envs, which needs one T).
+    """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows;
+    ``TransitionOptions``: off-policy transitions), or from a dataset (a list of files, sorted; feed-forward: one
+    shuffle over every row of every file; recurrent and distillation: env groups or step ranges over all files'
+    envs, which needs one T).
 
     Raises:
         RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
@@ -296,6 +298,8 @@ def run_batch(
         _check_dataset(src, options, run)
     if isinstance(options, HistoryOptions):
         prepare = partial(history_job, options=options, budget=run.max_memory)
+    elif isinstance(options, TransitionOptions):
+        prepare = partial(transitions_job, options=options, budget=run.max_memory)
     else:
         _check_options(options)
         prepare = partial(_job, options=options)

@@ -17,6 +17,7 @@ from rolloutcli.hdf5.reader import H5Input, RolloutReader
 from rolloutcli.hdf5.schema import describe
 from rolloutcli.pipeline.inspect_tree import env_major_warnings, folder_report, nonfinite, tree_report
 from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.per_dim import per_dim_report, scan_per_dim
 from rolloutcli.pipeline.progress import Progress
 
 BLOWUP_WARNING = 10.0  # padded size / input size above which split warns
@@ -49,10 +50,13 @@ def hidden_layout(reader: RolloutReader) -> dict[str, dict[str, Any]]:
 OTHER_FORMATS = ("trajectories", "shard")  # rolloutcli's own outputs that are not rollout files
 
 
-def run_inspect(path: Path, options: RunOptions, progress: Progress | None = None) -> dict[str, Any]:
+def run_inspect(
+    path: Path, options: RunOptions, progress: Progress | None = None, *, per_dim: bool = False
+) -> dict[str, Any]:
     """Summarise ``path``: a rollout file in full; any other HDF5 file it can open safely (or a shard folder) as
     its tree with the one line that says what is missing (``contract`` false). Unsafe or unreadable files raise
-    ``RolloutError``; value problems become warnings."""
+    ``RolloutError``; value problems become warnings. ``per_dim`` adds ``per_dim``: per-dimension statistics of
+    the observation groups and actions."""
     progress = progress or Progress()
     if Path(path).is_dir():
         return folder_report(Path(path))
@@ -66,7 +70,7 @@ def run_inspect(path: Path, options: RunOptions, progress: Progress | None = Non
         reader.close()
         return _outside(path, options, None)
     with reader:
-        return _report(path, reader, options, progress)
+        return _report(path, reader, options, progress, per_dim)
 
 
 def _outside(path: Path, options: RunOptions, error: RolloutError | None) -> dict[str, Any]:
@@ -79,7 +83,9 @@ def _outside(path: Path, options: RunOptions, error: RolloutError | None) -> dic
         return tree_report(path, source, problems, options.max_memory)
 
 
-def _report(path: Path, reader: RolloutReader, options: RunOptions, progress: Progress) -> dict[str, Any]:
+def _report(
+    path: Path, reader: RolloutReader, options: RunOptions, progress: Progress, per_dim: bool = False
+) -> dict[str, Any]:
     schema = reader.schema
     warnings: list[str] = []
     try:
@@ -92,6 +98,7 @@ def _report(path: Path, reader: RolloutReader, options: RunOptions, progress: Pr
     gae = {k: schema.attrs[k] for k in GAE_ATTRS if k in schema.attrs}
     warnings.extend(_warnings(reader, blowup, gae))
     warnings.extend(env_major_warnings(path, schema.T, episodes.per_env, schema.attrs))
+    extra = {"per_dim": per_dim_report(scan_per_dim(reader, progress))} if per_dim else {}
     floats = [n for n in schema.step_names() if schema.fields[n].dtype.kind == "f"]
     return {
         "file": str(path),
@@ -128,6 +135,7 @@ def _report(path: Path, reader: RolloutReader, options: RunOptions, progress: Pr
         "attrs": schema.attrs,
         "nonfinite": nonfinite(reader, floats, options.max_memory),
         "warnings": warnings,
+        **extra,
     }
 
 

@@ -1,0 +1,42 @@
+"""The ``rolloutcli plot`` command: pictures of a rollout file (see ``pipeline/plot.py``; needs the ``plot`` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from rolloutcli.cli_common import ExternalOpt, JsonOpt, MemoryOpt, OverwriteOpt, QuietOpt, emit, run_options
+from rolloutcli.errors import EXIT_USAGE, RolloutError
+from rolloutcli.render import RichProgress
+
+EXAMPLE = "rolloutcli plot sample_data/cartpole_gru.h5 -o report.png"
+
+
+def plot(
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="Rollout file (.h5).")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", metavar="REPORT", help="report.png, report.svg or report.html.")
+    ] = None,
+    overwrite: OverwriteOpt = False,
+    json_output: JsonOpt = False,
+    max_memory: MemoryOpt = "1G",
+    allow_external: ExternalOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Draw episode returns and lengths, distributions, actions, observation ranges, dones per env, padding."""
+    from rolloutcli.pipeline.plot import run_plot
+
+    if output is None:
+        raise RolloutError("plot: expected an output file (-o report.png), found none.", exit_code=EXIT_USAGE)
+    run = run_options(max_memory, allow_external)
+    summary = run_plot(file, output, run, overwrite=overwrite, progress=RichProgress(quiet))
+    emit(summary, _render, json_output, quiet, output)
+
+
+def _render(console: Any, summary: dict[str, Any]) -> None:
+    console.print(
+        f"plot {summary['input']} -> {summary['output']}: {len(summary['panels'])} panels, "
+        f"{summary['episodes']} completed episodes, done in {summary['seconds']:.2f} s"
+    )
