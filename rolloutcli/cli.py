@@ -120,9 +120,12 @@ def inspect(
     from rolloutcli.pipeline.inspect import run_inspect
     from rolloutcli.render import render_inspect
 
-    dataset = resolve_inputs(files)
-    file = dataset.files[0] if not dataset.many else dataset.root
-    if dataset.many:
+    if len(files) == 1 and (Path(files[0]) / "manifest.json").is_file():  # a shard folder, not a dataset
+        dataset, file = None, Path(files[0])
+    else:
+        dataset = resolve_inputs(files)
+        file = dataset.files[0] if not dataset.many else dataset.root
+    if dataset is not None and dataset.many:
         from rolloutcli.pipeline.inspect_dataset import run_inspect_dataset
 
         if per_dim:
