@@ -47,6 +47,12 @@ def _versions() -> str:
     return json.dumps(found, sort_keys=True)
 
 
+def _host(value: Any) -> np.ndarray:
+    """A host copy (the loop may reuse its tensors in place before the block is written)."""
+    array = to_numpy(value)
+    return array.copy() if array.base is not None or not array.flags.owndata else array
+
+
 class RolloutWriter:
     """Write a rollout file step by step: ``add(step)`` per step, then ``close(last_values=...)``.
 
@@ -133,20 +139,20 @@ class RolloutWriter:
                 raise self._error(key, f"one of {', '.join(KNOWN)}", "an unknown field", "Check the name.")
             if value is None:
                 continue
-            if key in GROUPS and isinstance(value, dict):
+            if key in GROUPS and hasattr(value, "items"):  # a dict or TensorDict of groups
                 for name, part in value.items():
-                    arrays[f"{key}/{name}"] = to_numpy(part)
+                    arrays[f"{key}/{name}"] = _host(part)
                     if key == "distribution" and name not in self._order:
                         self._order.append(name)
             elif key in GROUPS:
-                arrays[f"{key}/policy" if key != "distribution" else key] = to_numpy(value)
+                arrays[f"{key}/policy" if key != "distribution" else key] = _host(value)
             elif key == "hidden_states":
                 for net, state in dict(value).items():
                     parts = state if isinstance(state, tuple | list) else (state,)
                     for i, part in enumerate(parts):
-                        arrays[f"hidden_states/{net}/{i}"] = to_numpy(part)
+                        arrays[f"hidden_states/{net}/{i}"] = _host(part)
             else:
-                arrays[key] = to_numpy(value)
+                arrays[key] = _host(value)
         return arrays
 
     def _check(self, arrays: dict[str, np.ndarray]) -> None:
