@@ -11,7 +11,7 @@ Step fields (per env ``n`` of ``N``, stored ``[T, N, ...]``): ``observations`` (
 ``dones``), ``values`` (V(s_t)), ``actions_log_prob``, ``distribution`` (dict of parameters, order kept),
 ``hidden_states`` (``{"actor": h or (h, c), "critic": ...}``, each ``[layers, N, hidden]``),
 ``final_observations`` (dict or tensor: the observation that ended the episode, before the reset; may be given
-at done steps only) and ``final_values`` (V of it).
+at done steps only), ``final_values`` (V of it) and ``extras`` (a dict of more ``[N, ...]`` datasets).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ PER_ENV = ("rewards", "dones", "time_outs", "values", "actions_log_prob", "final
 FLAGS = ("dones", "time_outs")
 GROUPS = ("observations", "distribution", "final_observations")
 SPARSE = ("final_observations", "final_values")  # may be given at some steps only (zeros elsewhere)
-KNOWN = (*PER_ENV, *GROUPS, "actions", "hidden_states")
+KNOWN = (*PER_ENV, *GROUPS, "actions", "hidden_states", "extras")
 _BLOCK_BYTES = 8 << 20  # buffered steps are written when they reach this size
 
 
@@ -146,6 +146,8 @@ class RolloutWriter:
                         self._order.append(name)
             elif key in GROUPS:
                 arrays[f"{key}/policy" if key != "distribution" else key] = _host(value)
+            elif key == "extras":  # more [N, ...] datasets, stored under their own names
+                arrays.update({f"extras:{name}": _host(part) for name, part in dict(value).items()})
             elif key == "hidden_states":
                 for net, state in dict(value).items():
                     parts = state if isinstance(state, tuple | list) else (state,)
@@ -195,8 +197,8 @@ class RolloutWriter:
             ok = kind in "biu"
         elif name.startswith(("observations/", "final_observations/", "last_observations/")):
             ok = kind == "f" or value.dtype == np.uint8
-        elif name == "actions":
-            ok = kind in "fiu"
+        elif name == "actions" or name.startswith("extras:"):
+            ok = kind in "fiub"
         else:
             ok = kind == "f"
         if not ok:
@@ -221,7 +223,7 @@ class RolloutWriter:
             for i, r in enumerate(rows):
                 if r is not None:
                     block[i] = r
-            self._file.extend(name, self._start, block)
+            self._file.extend(name.removeprefix("extras:"), self._start, block)
         self._start += count
         self._buffer = []
 
@@ -256,7 +258,7 @@ class RolloutWriter:
     def _finish(self, extra: dict[str, np.ndarray]) -> None:
         self._flush()
         for name in self._schema:
-            self._file.pad(name, self.steps)
+            self._file.pad(name.removeprefix("extras:"), self.steps)
         for name, value in extra.items():
             self._file.put(name, value)
         if self._order:
