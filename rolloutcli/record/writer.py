@@ -50,7 +50,7 @@ def _versions() -> str:
 def _host(value: Any) -> np.ndarray:
     """A host copy (the loop may reuse its tensors in place before the block is written)."""
     array = to_numpy(value)
-    return array.copy() if array.base is not None or not array.flags.owndata else array
+    return np.array(array, copy=True)
 
 
 class RolloutWriter:
