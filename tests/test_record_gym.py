@@ -55,7 +55,7 @@ def test_records_steps_and_final_observations(tmp_path: Path, mode: AutoresetMod
             )
         }
         np.testing.assert_array_equal(first["last_values"][()], _value(seen[9][4]))
-    for t, (before, reward, terminated, truncated, after, final, mask) in enumerate(seen):
+    for t, (before, reward, terminated, truncated, after, final, _mask) in enumerate(seen):
         np.testing.assert_array_equal(data["observations/policy"][t], before)
         np.testing.assert_array_equal(data["rewards"][t], reward)
         np.testing.assert_array_equal(data["time_outs"][t], truncated & ~terminated)
