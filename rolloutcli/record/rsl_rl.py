@@ -11,6 +11,7 @@ training is bit-identical with and without the hook).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,16 @@ def _names(actor: Any, count: int) -> list[str]:
     return [f"param{i}" for i in range(count)]
 
 
+@functools.cache
+def _rsl_rl_version() -> str:
+    import importlib.metadata as metadata
+
+    try:
+        return metadata.version("rsl-rl-lib")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class RslRlRecorder:
     """The hook :func:`attach` installs; ``files`` lists the files written so far."""
 
@@ -64,14 +75,8 @@ class RslRlRecorder:
             self.writer = None
 
     def _attrs(self) -> dict[str, Any]:
-        import importlib.metadata as metadata
-
-        try:
-            version = metadata.version("rsl-rl-lib")
-        except metadata.PackageNotFoundError:
-            version = "unknown"
         config = json.dumps(getattr(self.runner, "cfg", {}), default=repr, sort_keys=True)
-        return {"rsl_rl_version": version, "runner_config": config, "iteration": self.iteration}
+        return {"rsl_rl_version": _rsl_rl_version(), "runner_config": config, "iteration": self.iteration}
 
     def _open(self) -> RolloutWriter:
         path = self.out_dir / f"rollout_{self.iteration:06d}.h5"

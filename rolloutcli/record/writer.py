@@ -16,6 +16,7 @@ at done steps only), ``final_values`` (V of it) and ``extras`` (a dict of more `
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from pathlib import Path
@@ -35,6 +36,7 @@ KNOWN = (*PER_ENV, *GROUPS, "actions", "hidden_states", "extras")
 _BLOCK_BYTES = 8 << 20  # buffered steps are written when they reach this size
 
 
+@functools.cache
 def _versions() -> str:
     import importlib.metadata as metadata
 
@@ -170,7 +172,7 @@ class RolloutWriter:
             raise self._error(name, "a value at every step", "nothing", f"Pass step['{name}'].")
         flags = {k: arrays[k] for k in FLAGS if k in arrays}
         for name, value in flags.items():
-            if not np.isin(value, (0, 1)).all():
+            if value.dtype != np.bool_ and ((value != 0) & (value != 1)).any():
                 raise self._error(name, "flags 0/1 (or bool)", f"{np.unique(value)[:4].tolist()}")
         if "time_outs" in flags and (flags["time_outs"].astype(bool) & ~flags["dones"].astype(bool)).any():
             raise self._error(
@@ -219,10 +221,13 @@ class RolloutWriter:
             rows = [step.get(name) for step in self._buffer]
             if all(r is None for r in rows):
                 continue
-            block = np.zeros((count, *shape), dtype)
-            for i, r in enumerate(rows):
-                if r is not None:
-                    block[i] = r
+            if all(r is not None for r in rows):
+                block = np.stack(rows)
+            else:  # a sparse field: zeros where the step did not give it
+                block = np.zeros((count, *shape), dtype)
+                for i, r in enumerate(rows):
+                    if r is not None:
+                        block[i] = r
             self._file.extend(name.removeprefix("extras:"), self._start, block)
         self._start += count
         self._buffer = []
