@@ -38,7 +38,7 @@ def write_tensordict(
     compression: str | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Write ``td`` (batch ``[N, T]``, time last, as ``SyncDataCollector`` with ``split_trajs=False`` returns
+    """Write ``td`` (batch ``[N, T]``, time last, as a TorchRL collector returns
     it; a ``[T]`` batch is one env) to ``path``; returns the path."""
     if td.batch_dims == 1:
         td = td.unsqueeze(0)
