@@ -60,15 +60,23 @@ class RslRlRecorder:
         if every < 1:
             raise ValueError(f"every: expected a positive number of iterations, found {every}")
         self.runner, self.alg, self.out_dir, self.every = runner, runner.alg, Path(out_dir), every
-        self.compression, self.files = compression, []
+        self.compression, self._files, self._closing = compression, [], []
         self.iteration = int(getattr(runner, "current_learning_iteration", 0))
         self.writer: RolloutWriter | None = None
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._process, self._returns = self.alg.process_env_step, self.alg.compute_returns
         self.alg.process_env_step, self.alg.compute_returns = self.process_env_step, self.compute_returns
 
+    @property
+    def files(self) -> list[Path]:
+        """The files written so far (waits for the one being published; raises its error)."""
+        while self._closing:
+            self._files.append(self._closing.pop(0).wait())
+        return list(self._files)
+
     def detach(self) -> None:
-        """Remove the hook (an unfinished recording is discarded)."""
+        """Remove the hook (an unfinished recording is discarded; published ones are waited for)."""
+        self.files  # noqa: B018 - surfaces a failed background publish
         self.alg.process_env_step, self.alg.compute_returns = self._process, self._returns
         if self.writer is not None:
             self.writer.abort()
@@ -143,7 +151,9 @@ class RslRlRecorder:
             del critic.forward
         writer, self.writer = self.writer, None
         last = captured[0] if captured else None
-        self.files.append(writer.close(last_values=last, last_observations=dict(obs.items())))
+        self.files  # noqa: B018 - one file in flight at a time; an earlier failure surfaces here
+        writer.close(last_values=last, last_observations=dict(obs.items()), background=True)
+        self._closing.append(writer)
         self.iteration += 1
         return result
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,12 @@ _BLOCK_BYTES = 8 << 20  # buffered steps are written when they reach this size
 
 
 @functools.cache
+def _io_pool() -> ThreadPoolExecutor:
+    """One thread publishing background closes in order (fsync and rename wait there, not in the loop)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-record")
+
+
+@functools.cache
 def _versions() -> str:
     import importlib.metadata as metadata
 
@@ -50,9 +57,8 @@ def _versions() -> str:
 
 
 def _host(value: Any) -> np.ndarray:
-    """A host copy (the loop may reuse its tensors in place before the block is written)."""
-    array = to_numpy(value)
-    return np.array(array, copy=True)
+    """A host array (a view where it can be: :meth:`RolloutWriter.add` copies it into its block at once)."""
+    return to_numpy(value)
 
 
 class RolloutWriter:
@@ -81,9 +87,11 @@ class RolloutWriter:
             raise ValueError(f"num_envs and num_steps must be positive, found {num_envs} and {num_steps}")
         self.path, self.num_envs, self.num_steps = Path(path), num_envs, num_steps
         self.steps, self.closed = 0, False
+        self._pending: Future[Any] | None = None
         self._schema: dict[str, tuple[tuple[int, ...], np.dtype]] = {}  # dataset -> per-step shape, dtype
-        self._buffer: list[dict[str, np.ndarray]] = []
-        self._start = 0  # the step of the buffer's first entry
+        self._blocks: dict[str, np.ndarray] = {}  # dataset -> [capacity, ...] rows not yet written
+        self._capacity, self._count = 0, 0  # rows per block (set at step 0), rows filled
+        self._start = 0  # the step of the block's first row
         self._order: list[str] = []
         root = {
             "rolloutcli_format": "rollout",
@@ -127,10 +135,16 @@ class RolloutWriter:
             raise self._error("step", f"at most num_steps={self.num_steps} steps", "one more")
         arrays = self._flatten(step.to_dict() if hasattr(step, "to_dict") else dict(step))
         self._check(arrays)
-        self._buffer.append(arrays)
+        if not self._capacity:
+            capacity = max(1, _BLOCK_BYTES // max(1, sum(a.nbytes for a in arrays.values())))
+            self._capacity = min(capacity, self.num_steps or capacity)
+        for name, value in arrays.items():  # the one copy: the loop may reuse its tensors in place
+            if name not in self._blocks:
+                self._blocks[name] = np.zeros((self._capacity, *value.shape), value.dtype)
+            self._blocks[name][self._count] = value
+        self._count += 1
         self.steps += 1
-        per_step = sum(a.nbytes for a in arrays.values())
-        if per_step * len(self._buffer) >= _BLOCK_BYTES:
+        if self._count == self._capacity:
             self._guard(self._flush)
 
     def _flatten(self, step: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -216,24 +230,21 @@ class RolloutWriter:
             raise self._error(name, f"{known[1]} {list(known[0])} as at step 0", f"{value.dtype} {list(value.shape)}")
 
     def _flush(self) -> None:
-        count = len(self._buffer)
-        for name, (shape, dtype) in self._schema.items():
-            rows = [step.get(name) for step in self._buffer]
-            if all(r is None for r in rows):
-                continue
-            if all(r is not None for r in rows):
-                block = np.stack(rows)
-            else:  # a sparse field: zeros where the step did not give it
-                block = np.zeros((count, *shape), dtype)
-                for i, r in enumerate(rows):
-                    if r is not None:
-                        block[i] = r
-            self._file.extend(name.removeprefix("extras:"), self._start, block)
-        self._start += count
-        self._buffer = []
+        if not self._count:
+            return
+        for name, block in self._blocks.items():
+            self._file.extend(name.removeprefix("extras:"), self._start, block[: self._count])
+            if name.startswith(SPARSE):  # rows a later step does not give read as zeros
+                block[:] = 0
+        self._start += self._count
+        self._count = 0
 
-    def close(self, last_values: Any = None, last_observations: Any = None) -> Path:
-        """Write what is buffered, ``last_values [N]`` and ``last_observations``, and publish the file."""
+    def close(self, last_values: Any = None, last_observations: Any = None, *, background: bool = False) -> Path:
+        """Write what is buffered, ``last_values [N]`` and ``last_observations``, and publish the file.
+
+        ``background``: write and publish on rolloutcli's I/O thread (the loop goes on meanwhile); :meth:`wait`
+        returns when the file is published and raises what went wrong.
+        """
         if self.closed:
             raise self._error("close", "one close()", "a second close()")
         if not self.steps:
@@ -256,8 +267,17 @@ class RolloutWriter:
                 value = to_numpy(group)
                 self._check_one(f"last_observations/{key}", value, self.num_envs)
                 extra[f"last_observations/{key}"] = value
-        self._guard(lambda: self._finish(extra))
         self.closed = True
+        if background:
+            self._pending = _io_pool().submit(self._guard, lambda: self._finish(extra))
+        else:
+            self._guard(lambda: self._finish(extra))
+        return self.path
+
+    def wait(self) -> Path:
+        """The published path, once a background :meth:`close` has finished (raises its error)."""
+        if self._pending is not None:
+            self._pending.result()
         return self.path
 
     def _finish(self, extra: dict[str, np.ndarray]) -> None:
