@@ -182,3 +182,23 @@ def test_dropped_writer_leaves_nothing(tmp_path: Path) -> None:
 
     gc.collect()
     assert os.listdir(tmp_path) == []
+
+
+def test_background_close(tmp_path: Path, monkeypatch) -> None:
+    from rolloutcli.hdf5 import append
+
+    writer = RolloutWriter(tmp_path / "bg.h5", num_envs=2)
+    writer.add(_valid())
+    assert writer.close(last_values=np.zeros(2, np.float32), background=True) == tmp_path / "bg.h5"
+    assert writer.wait().exists() and _read(tmp_path / "bg.h5")["rewards"].shape == (1, 2)
+
+    def broken(self):
+        raise RolloutError("disk gone", exit_code=3)
+
+    monkeypatch.setattr(append.AppendFile, "commit", broken)
+    failing = RolloutWriter(tmp_path / "fail.h5", num_envs=2)
+    failing.add(_valid())
+    failing.close(last_values=np.zeros(2, np.float32), background=True)
+    with pytest.raises(RolloutError, match="disk gone"):
+        failing.wait()
+    assert sorted(os.listdir(tmp_path)) == ["bg.h5"]
