@@ -33,6 +33,7 @@ from rolloutcli.cli_common import (
     QuietOpt,
     RunState,
     StdoutClosed,
+    Timeouts,
     count_option,
     emit,
     flag,
@@ -155,7 +156,16 @@ def gae(
         bool | None,
         typer.Option(
             "--bootstrap-timeouts/--no-bootstrap-timeouts",
-            help="r += gamma * V * time_out (default: on when time_outs exists; never twice).",
+            help="Aliases of --timeouts rsl / --timeouts ignore.",
+            show_default=False,
+        ),
+    ] = None,
+    timeouts: Annotated[
+        Timeouts | None,
+        typer.Option(
+            "--timeouts",
+            help="Time-out rule: rsl (r += gamma * V(s_t), default), final-value (r += gamma * final_values, as "
+            "SB3/TorchRL), proper (ikostrikov: advantage 0 at time-outs), ignore (time-outs terminate).",
             show_default=False,
         ),
     ] = None,
@@ -182,8 +192,13 @@ def gae(
 
     if in_place and output is not None:
         raise RolloutError("gae: expected either -o OUT.h5 or --in-place, found both.", exit_code=EXIT_USAGE)
+    if timeouts is not None and bootstrap_timeouts is not None:
+        raise RolloutError(
+            "gae: expected either --timeouts or --[no-]bootstrap-timeouts, found both.", exit_code=EXIT_USAGE
+        )
     run, runner = run_options(max_memory, allow_external), engine_options(engine, workers, address, hdf5_locking)
-    options = GaeOptions(gamma, lam, normalize, bootstrap_timeouts, last_values.value)
+    rule = None if timeouts is None else timeouts.value
+    options = GaeOptions(gamma, lam, normalize, bootstrap_timeouts, last_values.value, rule)
 
     def single(file: Path) -> dict[str, Any]:
         summary = run_gae(

@@ -36,6 +36,13 @@ class LastValues(str, enum.Enum):
     zero = "zero"
 
 
+class Timeouts(str, enum.Enum):
+    rsl = "rsl"
+    final_value = "final-value"
+    proper = "proper"
+    ignore = "ignore"
+
+
 def flag(*names: str, text: str) -> Any:
     """A boolean option (a type alias, for a parameter defaulting to False)."""
     return Annotated[bool, typer.Option(*names, help=text)]

@@ -26,7 +26,6 @@ Regenerate the committed files::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # run from a checkout: the rolloutcli next to this folder
 GAMMA = 0.99
 LAM = 0.95
 
@@ -219,39 +219,31 @@ def warm_up(col: Collector, iterations: int, steps: int, epochs: int) -> None:
 # Writing and checking
 # --------------------------------------------------------------------------------------------------------------
 def write_file(path: Path, data: dict[str, np.ndarray], attrs: dict[str, object]) -> None:
+    """Write the rollout with ``rolloutcli.record.RolloutWriter``, one step at a time as a training loop would
+    (validated as it goes, published atomically at ``close``)."""
+    from rolloutcli.record import RolloutWriter
+
     steps, n = data["obs"].shape[:2]
-    chunk_t = min(steps, 64)
-
-    def put(f: h5py.File, name: str, arr: np.ndarray) -> None:
-        arr = np.ascontiguousarray(arr)
-        chunks = (chunk_t, *arr.shape[1:]) if arr.ndim > 1 else arr.shape
-        f.create_dataset(name, data=arr, chunks=chunks, compression="gzip", compression_opts=9, shuffle=True)
-
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs.update(attrs)
-            put(f, "observations/policy", data["obs"].astype(np.float32))
-            put(f, "observations/critic", data["cobs"].astype(np.float32))
-            put(f, "actions", data["act"].astype(np.float32)[..., None])
-            put(f, "rewards", data["rew"].astype(np.float32))
-            put(f, "dones", data["done"].astype(np.uint8))
-            put(f, "time_outs", data["tout"].astype(np.uint8))
-            put(f, "values", data["val"].astype(np.float32))
-            put(f, "last_values", data["last_values"].astype(np.float32))
-            put(f, "actions_log_prob", data["logp"].astype(np.float32))
-            put(f, "distribution/logits", data["logits"].astype(np.float32))
-            put(f, "distribution/probs", data["probs"].astype(np.float32))
-            put(f, "privileged_actions", data["teacher"].astype(np.float32)[..., None])
-            for i, h in enumerate(data["hidden_actor"]):
-                put(f, f"hidden_states/actor/{i}", h.astype(np.float32))
-            for i, h in enumerate(data["hidden_critic"]):
-                put(f, f"hidden_states/critic/{i}", h.astype(np.float32))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    assert n == data["last_values"].shape[0]
+    with RolloutWriter(path, num_envs=n, num_steps=steps, compression="gzip", overwrite=True, attrs=attrs) as writer:
+        for t in range(steps):
+            writer.add(
+                {
+                    "observations": {"policy": data["obs"][t], "critic": data["cobs"][t]},
+                    "actions": data["act"][t].astype(np.float32)[:, None],
+                    "rewards": data["rew"][t],
+                    "dones": data["done"][t],
+                    "time_outs": data["tout"][t],
+                    "values": data["val"][t],
+                    "actions_log_prob": data["logp"][t],
+                    "distribution": {"logits": data["logits"][t], "probs": data["probs"][t]},
+                    "hidden_states": {
+                        "actor": tuple(h[t] for h in data["hidden_actor"]),
+                        "critic": tuple(h[t] for h in data["hidden_critic"]),
+                    },
+                    "extras": {"privileged_actions": data["teacher"][t].astype(np.float32)[:, None]},
+                }
+            )
+        writer.close(last_values=data["last_values"])
 
 
 def verify(path: Path, rnn: str, hidden: int) -> None:
@@ -370,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "critic_observation": "policy observation (4) + episode step / max_episode_steps (1)",
         "privileged_actions_teacher": "1 if pole_angle + pole_angular_velocity > 0 else 0",
         "rewards": "raw environment rewards, not bootstrapped on time-outs",
+        "recorder": "sample_data/record_cartpole.py (rolloutcli.record.RolloutWriter)",
         "gymnasium_version": gym.__version__,
         "torch_version": torch.__version__.split("+")[0],
         **{k: v for k, v in stats.items() if k != "mean_completed_episode_length"},

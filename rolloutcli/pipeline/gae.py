@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from rolloutcli.core.gae_numpy import bootstrap_rewards, gae_arrays, normalize_array
+from rolloutcli.core.gae_numpy import gae_arrays, normalize_array
 from rolloutcli.core.moments import ExactMoments
+from rolloutcli.core.timeouts import BOOTSTRAPPING, apply_timeouts
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
 from rolloutcli.hdf5.filecopy import OpenCopy
 from rolloutcli.hdf5.reader import RolloutReader
@@ -29,13 +30,27 @@ WRITTEN = ("advantages", "returns")
 @dataclass(frozen=True)
 class GaeOptions:
     """What ``gae`` computes; ``bootstrap_timeouts`` None: when ``time_outs`` exists; ``last_values``
-    ``"recorded"`` (require the dataset) or ``"zero"`` (the rollout end is terminal)."""
+    ``"recorded"`` (require the dataset) or ``"zero"`` (the rollout end is terminal); ``timeouts``: the
+    time-out rule (:mod:`rolloutcli.core.timeouts`), None: from ``bootstrap_timeouts`` (True/None ``rsl``,
+    False ``ignore``)."""
 
     gamma: float = 0.99
     lam: float = 0.95
     normalize: bool = True
     bootstrap_timeouts: bool | None = None
     last_values: str = "recorded"
+    timeouts: str | None = None
+
+    @property
+    def rule(self) -> str:
+        if self.timeouts is not None:
+            return self.timeouts
+        return "ignore" if self.bootstrap_timeouts is False else "rsl"
+
+    @property
+    def requires_time_outs(self) -> bool:
+        """Asked for a rule that needs ``time_outs`` (not the default, which applies when they exist)."""
+        return self.rule != "ignore" and (self.timeouts is not None or bool(self.bootstrap_timeouts))
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,7 @@ def run_gae(
 def _check_fields(reader: RolloutReader, options: GaeOptions) -> None:
     """Everything GAE needs is there (every problem at once, exit 1)."""
     fields, recorded = reader.schema.fields, options.last_values == "recorded"
+    rule, named = options.rule, "--bootstrap-timeouts" if options.timeouts is None else f"--timeouts {options.rule}"
     missing = [
         ("values", "values" not in fields, "a dataset [T, N] of V(s_t)", "gae needs the critic's values; record them."),
         (
@@ -82,9 +98,16 @@ def _check_fields(reader: RolloutReader, options: GaeOptions) -> None:
         ),
         (
             "time_outs",
-            options.bootstrap_timeouts and "time_outs" not in fields,
-            "a dataset [T, N] for --bootstrap-timeouts",
-            "Record time-outs, or pass --no-bootstrap-timeouts.",
+            options.requires_time_outs and "time_outs" not in fields,
+            f"a dataset [T, N] for {named}",
+            "Record time-outs, or pass "
+            + ("--no-bootstrap-timeouts." if options.timeouts is None else "--timeouts ignore."),
+        ),
+        (
+            "final_values",
+            rule == "final-value" and "final_values" not in fields,
+            "a dataset [T, N] of V(final observation) for --timeouts final-value",
+            "Record final values (the critic on the observation that ended the episode), or pass --timeouts rsl.",
         ),
     ]
     problems = [problem_line(reader.path, name, what, "nothing", fix) for name, bad, what, fix in missing if bad]
@@ -106,23 +129,27 @@ def _flag_attribute(path: Path, attrs: dict[str, Any], name: str) -> bool:
 
 def _plan_rewards(reader: RolloutReader, options: GaeOptions) -> _Rewards:
     """Decide the rewards' source and bootstrap; never mixes two gammas (see :class:`_Rewards`)."""
-    fields, attrs = reader.schema.fields, reader.schema.attrs
-    wanted = options.bootstrap_timeouts if options.bootstrap_timeouts is not None else "time_outs" in fields
-    wanted = bool(wanted) and "time_outs" in fields
+    fields, attrs, rule = reader.schema.fields, reader.schema.attrs, options.rule
+    wanted = rule in BOOTSTRAPPING and "time_outs" in fields
     if not _flag_attribute(reader.path, attrs, "timeouts_bootstrapped"):
         return _Rewards(bootstrap=wanted, already=False, raw=None)
-    recorded = attrs.get("gae_gamma")
-    if not isinstance(recorded, (int, float)) or float(recorded) == float(options.gamma):
-        return _Rewards(bootstrap=False, already=True, raw=None)  # bootstrapped with this gamma: never twice
+    recorded, recorded_rule = attrs.get("gae_gamma"), attrs.get("gae_timeouts", "rsl")
+    same_gamma = not isinstance(recorded, (int, float)) or float(recorded) == float(options.gamma)
+    if same_gamma and recorded_rule == rule:
+        return _Rewards(bootstrap=False, already=True, raw=None)  # bootstrapped with this rule: never twice
     if "rewards_raw" not in fields:
-        raise RolloutError.field(
-            reader.path,
-            "rewards_raw",
-            f"the raw rewards to bootstrap with --gamma {options.gamma} (the rewards hold a time-out bootstrap "
-            f"with gae_gamma {recorded})",
-            "nothing",
-            f"Pass --gamma {recorded}, or run gae on the recording with its raw rewards.",
-        )
+        if not same_gamma:
+            expected = (
+                f"the raw rewards to bootstrap with --gamma {options.gamma} (the rewards hold a time-out "
+                f"bootstrap with gae_gamma {recorded})"
+            )
+            fix = f"Pass --gamma {recorded}, or run gae on the recording with its raw rewards."
+        else:
+            expected = (
+                f"the raw rewards for --timeouts {rule} (the rewards hold a '{recorded_rule}' time-out bootstrap)"
+            )
+            fix = f"Pass --timeouts {recorded_rule}, or run gae on the recording with its raw rewards."
+        raise RolloutError.field(reader.path, "rewards_raw", expected, "nothing", fix)
     raw, stored = fields["rewards_raw"], fields["rewards"]
     if raw.shape != stored.shape or raw.dtype.kind != "f":
         raise RolloutError.field(
@@ -146,24 +173,28 @@ def _prepare_output(out: OpenCopy, rewards: _Rewards, steps: int, envs: int) -> 
         out.create(name, steps, envs)
 
 
-def _block_rewards(
-    reader: RolloutReader, out: OpenCopy, rewards: _Rewards, block: dict[str, np.ndarray], gamma: float, span: slice
-) -> tuple[np.ndarray, int]:
-    """Float32 rewards of one env block for GAE (bootstrapped in their stored precision when this run
-    bootstraps) and the number of time-outs bootstrapped."""
-    if rewards.raw is not None:
-        raw = out.read_steps(rewards.raw, span.start, span.stop)
-    elif rewards.bootstrap:
+def _block_inputs(
+    reader: RolloutReader, out: OpenCopy, plan: _Rewards, block: dict[str, np.ndarray], options: GaeOptions, span: slice
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Float32 rewards and uint8 dones of one env block for the kernel under this run's time-out rule (rewards
+    bootstrapped in their stored precision) and the number of time-outs the rule acted on."""
+    if plan.raw is not None:
+        raw = out.read_steps(plan.raw, span.start, span.stop)
+    elif plan.bootstrap:
         raw = reader.read("rewards", span.start, span.stop)
         raw = raw.reshape(raw.shape[:2])
     else:
-        return block["rewards"], 0
+        raw = block["rewards"]
     raw = raw.astype(np.float64 if raw.dtype == np.float64 else np.float32, copy=False)
-    if not rewards.bootstrap:
-        return np.ascontiguousarray(raw, dtype=np.float32), 0
-    time_outs = block["time_outs"]
-    bootstrapped = bootstrap_rewards(raw, block["values"], time_outs, gamma)
-    return np.ascontiguousarray(bootstrapped, dtype=np.float32), int(np.count_nonzero(time_outs))
+    time_outs = block.get("time_outs")
+    rule = options.rule if plan.bootstrap or options.rule not in BOOTSTRAPPING else "ignore"
+    if plan.already:  # the rewards hold this rule's bootstrap; nothing else to do
+        time_outs = None
+    r, d = apply_timeouts(
+        rule, raw, block["values"], block["dones"], time_outs, options.gamma, block.get("final_values")
+    )
+    count = 0 if time_outs is None else int(np.count_nonzero(time_outs))
+    return np.ascontiguousarray(r, dtype=np.float32), np.ascontiguousarray(d), count
 
 
 class _Gae:
@@ -171,8 +202,12 @@ class _Gae:
 
     def __init__(self, reader: RolloutReader, options: GaeOptions, rewards: _Rewards, progress: Progress) -> None:
         self.reader, self.options, self.rewards, self.progress = reader, options, rewards, progress
-        as_read = rewards.raw is None and not rewards.bootstrap  # else _block_rewards reads them in their own dtype
-        self.needed = ["values", "dones"] + (["rewards"] if as_read else []) + (["time_outs"] * rewards.bootstrap)
+        as_read = rewards.raw is None and not rewards.bootstrap  # else _block_inputs reads them in their own dtype
+        self.needed = ["values", "dones"] + (["rewards"] if as_read else [])
+        if "time_outs" in reader.schema.fields and (rewards.bootstrap or options.rule not in BOOTSTRAPPING):
+            self.needed.append("time_outs")
+        if rewards.bootstrap and options.rule == "final-value":
+            self.needed.append("final_values")
         if "last_values" in reader.schema.fields and options.last_values == "recorded":
             self.needed.append("last_values")
         self.raw, self.returns, self.bootstrapped = ExactMoments(), ExactMoments(), 0
@@ -180,7 +215,7 @@ class _Gae:
 
     def derived(self) -> Derived:
         fields = self.reader.schema.fields
-        inputs = [n for n in ("rewards", "values", "dones", "time_outs") if n in fields]
+        inputs = [n for n in ("rewards", "values", "dones", "time_outs", "final_values") if n in fields]
         # share 4: inputs as stored + float32 copies + A, R (and bootstrapped rewards) per env in flight
         return Derived("gae", inputs, 4, self.prepare, self.block, self.finish)
 
@@ -190,9 +225,9 @@ class _Gae:
     def block(self, out: OpenCopy, start: int, stop: int) -> None:
         options, block = self.options, self.reader.arrays(self.needed, start, stop)
         last_values = block.get("last_values", np.zeros(stop - start, np.float32))
-        r, count = _block_rewards(self.reader, out, self.rewards, block, options.gamma, slice(start, stop))
+        r, d, count = _block_inputs(self.reader, out, self.rewards, block, options, slice(start, stop))
         self.bootstrapped += count
-        advantages, returns = gae_arrays(r, block["values"], block["dones"], last_values, options.gamma, options.lam)
+        advantages, returns = gae_arrays(r, block["values"], d, last_values, options.gamma, options.lam)
         if self.rewards.bootstrap:
             out.write("rewards", start, stop, r)
         out.write("returns", start, stop, returns)
@@ -218,6 +253,7 @@ class _Gae:
             "bootstrapped_by_this_run": self.rewards.bootstrap,
             "last_values": options.last_values,
             "bootstrapped_rewards": self.bootstrapped,
+            "timeouts": options.rule,
             "advantages": moments.as_dict(),
             "returns": self.returns.as_dict(),
             "advantages_raw_mean": _number(self.raw.mean) if options.normalize else None,
@@ -252,6 +288,7 @@ def _set_attributes(out: OpenCopy, rewards: _Rewards, options: GaeOptions, raw: 
             "advantages_normalized": normalized,
             "timeouts_bootstrapped": rewards.bootstrap or rewards.already,
             "last_values_mode": options.last_values,
+            "gae_timeouts": options.rule,
             "advantages_normalization": "exact" if normalized else None,
             "advantages_raw_mean": raw.mean if normalized else None,
             "advantages_raw_std": raw.std if normalized else None,

@@ -1,0 +1,104 @@
+"""Recording costs, as ratios against references measured in the same run.
+
+1. The RSL-RL hook: one ``OnPolicyRunner`` iteration (N=64 envs, T=24 steps, CPU) with and without
+   ``rolloutcli.record.rsl_rl.attach``, interleaved, minimum of several (issue 13's ceiling: +5%).
+2. ``RolloutWriter`` adding ``[N, 48]`` float32 observations step by step vs h5py writing the same ``[T, N, 48]``
+   array sequentially to a new file (issue 13's floor: half of h5py's speed).
+
+    python benchmarks/bench_record.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def _runner(num_envs: int, steps: int):
+    import test_record_rsl_rl as fake  # the tiny VecEnv and config of the tests
+    from rsl_rl.runners import OnPolicyRunner
+
+    fake.N, fake.T = num_envs, steps
+    config = fake._config(rnn=False)
+    config["algorithm"]["num_learning_epochs"] = 1
+    return OnPolicyRunner(fake.FakeEnv(), config, log_dir=None, device="cpu")
+
+
+def bench_hook(rounds: int, folder: Path) -> float:
+    from rolloutcli.record.rsl_rl import attach
+
+    plain, hooked = _runner(64, 24), _runner(64, 24)
+    attach(hooked, folder / "hook")
+    times: dict[str, list[float]] = {"plain": [], "hooked": []}
+    for _ in range(rounds):
+        for name, runner in (("plain", plain), ("hooked", hooked)):
+            start = time.perf_counter()
+            runner.learn(1)
+            times[name].append(time.perf_counter() - start)
+    best = {k: min(v) for k, v in times.items()}
+    ratio = best["hooked"] / best["plain"]
+    print(
+        f"RSL-RL iteration N=64 T=24: plain {best['plain'] * 1e3:.1f} ms, hooked {best['hooked'] * 1e3:.1f} ms, "
+        f"overhead {100 * (ratio - 1):+.1f}% (ceiling +5%)"
+    )
+    return ratio
+
+
+def bench_writer(steps: int, envs: int, rounds: int, folder: Path) -> float:
+    import h5py
+
+    from rolloutcli.record import RolloutWriter
+
+    data = np.random.default_rng(0).standard_normal((steps, envs, 48)).astype(np.float32)
+    best_h5, best_sync, best_writer = float("inf"), float("inf"), float("inf")
+    for r in range(rounds):
+        start = time.perf_counter()
+        with h5py.File(folder / f"h5_{r}.h5", "w") as handle:
+            dataset = handle.create_dataset("observations", shape=data.shape, dtype=np.float32)
+            for t in range(steps):
+                dataset[t] = data[t]
+        best_h5 = min(best_h5, time.perf_counter() - start)
+        with open(folder / f"h5_{r}.h5", "rb+") as raw:  # the durability the writer's publish has
+            os.fsync(raw.fileno())
+        best_sync = min(best_sync, time.perf_counter() - start)
+        start = time.perf_counter()
+        with RolloutWriter(folder / f"w_{r}.h5", num_envs=envs, num_steps=steps) as writer:
+            zeros, flags = np.zeros(envs, np.float32), np.zeros(envs, np.uint8)
+            for t in range(steps):
+                writer.add({"observations": data[t], "actions": zeros[:, None], "rewards": zeros, "dones": flags})
+            writer.close()
+        best_writer = min(best_writer, time.perf_counter() - start)
+    ratio = best_h5 / best_writer
+    mb = data.nbytes / 1e6
+    print(
+        f"[T={steps}, N={envs}, 48] float32 ({mb:.0f} MB): h5py {mb / best_h5:.0f} MB/s, h5py + fsync "
+        f"{mb / best_sync:.0f} MB/s, writer {mb / best_writer:.0f} MB/s; writer/h5py {ratio:.2f} (floor 0.5), "
+        f"writer/(h5py + fsync) {best_sync / best_writer:.2f}"
+    )
+    return ratio
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: few rounds, small arrays")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
+        folder = Path(tmp)
+        bench_hook(3 if args.quick else 15, folder)
+        bench_writer(24 if args.quick else 1000, 64 if args.quick else 1024, 2 if args.quick else 5, folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

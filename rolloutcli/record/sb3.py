@@ -1,0 +1,95 @@
+"""``RolloutRecorderCallback``: record each rollout an SB3 on-policy algorithm (PPO, A2C) collects.
+
+Per step it reads SB3's own locals: the observations the policy acted on, actions, values, log-probs, the raw
+rewards (``on_step`` runs before SB3 adds ``gamma * V(terminal observation)`` on truncations), ``dones``,
+``time_outs`` (SB3's ``TimeLimit.truncated``: truncated and not terminated), the terminal observations and
+their values (``final_values``). ``last_values`` are SB3's own at the rollout's end. ``rolloutcli gae
+--timeouts final-value`` with the algorithm's gamma and gae_lambda then gives SB3's returns.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rolloutcli.record.writer import RolloutWriter
+
+try:
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+except ImportError as error:  # pragma: no cover - the extra is missing
+    raise ImportError("rolloutcli.record.sb3 needs stable-baselines3: pip install stable-baselines3") from error
+
+
+def _groups(obs: Any) -> dict[str, Any]:
+    return dict(obs) if isinstance(obs, dict) else {"policy": obs}
+
+
+class RolloutRecorderCallback(BaseCallback):
+    """Write every rollout to ``out_dir/rollout_<n>.h5``; ``files`` lists them."""
+
+    def __init__(self, out_dir: str | Path, compression: str | None = None, verbose: int = 0) -> None:
+        super().__init__(verbose)
+        self.out_dir, self.compression, self.files = Path(out_dir), compression, []
+        self.writer: RolloutWriter | None = None
+
+    def _on_rollout_start(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        model = self.model
+        self.writer = RolloutWriter(
+            self.out_dir / f"rollout_{len(self.files):06d}.h5",
+            num_envs=model.n_envs,
+            num_steps=model.n_steps,
+            compression=self.compression,
+            gamma=float(model.gamma),
+            lam=float(getattr(model, "gae_lambda", 1.0)),
+            recorder="rolloutcli.record.sb3.RolloutRecorderCallback",
+            overwrite=True,
+        )
+
+    def _final(self, infos: list[dict[str, Any]], dones: np.ndarray, like: Any) -> tuple[Any, np.ndarray]:
+        """Terminal observations at done steps (zeros elsewhere) and their values (SB3's predict_values)."""
+        policy = self.model.policy
+        groups = {k: np.zeros_like(np.asarray(v)) for k, v in _groups(like).items()}
+        for n in np.flatnonzero(dones):
+            terminal = infos[n].get("terminal_observation")
+            if terminal is not None:
+                for key, value in _groups(terminal).items():
+                    groups[key][n] = value
+        values = np.zeros(len(dones), np.float32)
+        for n in np.flatnonzero(dones):  # one at a time, as SB3 does (a batch may round differently)
+            terminal = infos[n].get("terminal_observation")
+            if terminal is not None:
+                with torch.no_grad():
+                    values[n] = policy.predict_values(policy.obs_to_tensor(terminal)[0])[0].item()
+        return groups, values
+
+    def _on_step(self) -> bool:
+        local = self.locals
+        dones, infos = np.asarray(local["dones"], bool), local["infos"]
+        time_outs = np.array(
+            [bool(d and i.get("TimeLimit.truncated", False)) for d, i in zip(dones, infos, strict=True)]
+        )
+        final_obs, final_values = self._final(infos, dones, local["new_obs"])
+        assert self.writer is not None
+        self.writer.add(
+            {
+                "observations": _groups(self.model._last_obs),
+                "actions": local["actions"],
+                "rewards": np.asarray(local["rewards"], np.float32),
+                "dones": dones,
+                "time_outs": time_outs,
+                "values": local["values"],
+                "actions_log_prob": local["log_probs"],
+                "final_observations": final_obs,
+                "final_values": final_values,
+            }
+        )
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            self.files.append(writer.close(last_values=self.locals["values"]))

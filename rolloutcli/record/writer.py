@@ -1,0 +1,296 @@
+"""``RolloutWriter``: the one way to write a rollout file from any training loop, one step at a time.
+
+Each :meth:`RolloutWriter.add` takes the step as a dict (or TensorDict) of tensors or arrays on any device,
+checks it against the format (and against the first step: the same fields, shapes and dtypes every step),
+buffers it on the host and writes blocks of steps as it goes (memory stays bounded by one block). The file is
+published atomically by :meth:`RolloutWriter.close`; until then it lives as a temporary beside its name.
+
+Step fields (per env ``n`` of ``N``, stored ``[T, N, ...]``): ``observations`` (a tensor, stored as the group
+``policy``, or a dict of groups), ``actions``, ``rewards`` (raw: the env's reward, no time-out bootstrap),
+``dones`` (the episode ended after this step), ``time_outs`` (the training code bootstraps there; implies
+``dones``), ``values`` (V(s_t)), ``actions_log_prob``, ``distribution`` (dict of parameters, order kept),
+``hidden_states`` (``{"actor": h or (h, c), "critic": ...}``, each ``[layers, N, hidden]``),
+``final_observations`` (dict or tensor: the observation that ended the episode, before the reset; may be given
+at done steps only), ``final_values`` (V of it) and ``extras`` (a dict of more ``[N, ...]`` datasets).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rolloutcli.errors import RolloutError
+from rolloutcli.hdf5.append import AppendFile
+from rolloutcli.hdf5.writer import to_numpy
+
+PER_ENV = ("rewards", "dones", "time_outs", "values", "actions_log_prob", "final_values")  # [N] per step
+FLAGS = ("dones", "time_outs")
+GROUPS = ("observations", "distribution", "final_observations")
+SPARSE = ("final_observations", "final_values")  # may be given at some steps only (zeros elsewhere)
+KNOWN = (*PER_ENV, *GROUPS, "actions", "hidden_states", "extras")
+_BLOCK_BYTES = 8 << 20  # buffered steps are written when they reach this size
+
+
+@functools.cache
+def _io_pool() -> ThreadPoolExecutor:
+    """One thread publishing background closes in order (fsync and rename wait there, not in the loop)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-record")
+
+
+@functools.cache
+def _versions() -> str:
+    import importlib.metadata as metadata
+
+    found = {}
+    for name in ("rolloutcli", "numpy", "h5py", "torch"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return json.dumps(found, sort_keys=True)
+
+
+def _host(value: Any) -> np.ndarray:
+    """A host array (a view where it can be: :meth:`RolloutWriter.add` copies it into its block at once)."""
+    return to_numpy(value)
+
+
+class RolloutWriter:
+    """Write a rollout file step by step: ``add(step)`` per step, then ``close(last_values=...)``.
+
+    ``num_steps``: the most steps accepted (None: any). ``compression``: None, ``"gzip"`` or ``"lzf"``.
+    ``gamma``/``lam`` (when given) and ``attrs`` are stored as root attributes; ``recorded_from_reset``: every
+    env's first step starts an episode. Usable as a context manager: an exception inside discards the file.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        num_envs: int,
+        num_steps: int | None = None,
+        compression: str | None = None,
+        *,
+        gamma: float | None = None,
+        lam: float | None = None,
+        recorded_from_reset: bool = False,
+        recorder: str = "rolloutcli.record.RolloutWriter",
+        attrs: dict[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        if num_envs < 1 or (num_steps is not None and num_steps < 1):
+            raise ValueError(f"num_envs and num_steps must be positive, found {num_envs} and {num_steps}")
+        self.path, self.num_envs, self.num_steps = Path(path), num_envs, num_steps
+        self.steps, self.closed = 0, False
+        self._pending: Future[Any] | None = None
+        self._schema: dict[str, tuple[tuple[int, ...], np.dtype]] = {}  # dataset -> per-step shape, dtype
+        self._blocks: dict[str, np.ndarray] = {}  # dataset -> [capacity, ...] rows not yet written
+        self._capacity, self._count = 0, 0  # rows per block (set at step 0), rows filled
+        self._start = 0  # the step of the block's first row
+        self._order: list[str] = []
+        root = {
+            "rolloutcli_format": "rollout",
+            "format_version": 1,
+            "recorder": recorder,
+            "versions": _versions(),
+            "gamma": gamma,
+            "lam": lam,
+            "recorded_from_reset": bool(recorded_from_reset),
+            "timeouts_bootstrapped": False,
+            **(attrs or {}),
+        }
+        self._file = AppendFile(self.path, compression=compression, overwrite=overwrite)
+        self._guard(lambda: self._file.set_attrs(root))
+
+    def __enter__(self) -> RolloutWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if kind is not None:
+            self.abort()
+        elif not self.closed:
+            self.close()
+
+    def _error(self, field: str, expected: str, found: str, fix: str = "") -> RolloutError:
+        return RolloutError.field(f"{self.path}: step {self.steps}", field, expected, found, fix)
+
+    def _guard(self, fn: Any) -> Any:
+        """Run a write; on failure (disk full, I/O error) discard the file and raise."""
+        try:
+            return fn()
+        except BaseException:
+            self.abort()
+            raise
+
+    def add(self, step: Any) -> None:
+        """Check one step of every env and buffer it (see the module docstring for the fields)."""
+        if self.closed:
+            raise self._error("step", "add() before close()", "add() after close()", "Open a new RolloutWriter.")
+        if self.num_steps is not None and self.steps >= self.num_steps:
+            raise self._error("step", f"at most num_steps={self.num_steps} steps", "one more")
+        arrays = self._flatten(step.to_dict() if hasattr(step, "to_dict") else dict(step))
+        self._check(arrays)
+        if not self._capacity:
+            capacity = max(1, _BLOCK_BYTES // max(1, sum(a.nbytes for a in arrays.values())))
+            self._capacity = min(capacity, self.num_steps or capacity)
+        for name, value in arrays.items():  # the one copy: the loop may reuse its tensors in place
+            if name not in self._blocks:
+                self._blocks[name] = np.zeros((self._capacity, *value.shape), value.dtype)
+            self._blocks[name][self._count] = value
+        self._count += 1
+        self.steps += 1
+        if self._count == self._capacity:
+            self._guard(self._flush)
+
+    def _flatten(self, step: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Dataset name -> host array (``[N, ...]``; hidden states ``[layers, N, hidden]``)."""
+        arrays: dict[str, np.ndarray] = {}
+        for key, value in step.items():
+            if key not in KNOWN:
+                raise self._error(key, f"one of {', '.join(KNOWN)}", "an unknown field", "Check the name.")
+            if value is None:
+                continue
+            if key in GROUPS and hasattr(value, "items"):  # a dict or TensorDict of groups
+                for name, part in value.items():
+                    arrays[f"{key}/{name}"] = _host(part)
+                    if key == "distribution" and name not in self._order:
+                        self._order.append(name)
+            elif key in GROUPS:
+                arrays[f"{key}/policy" if key != "distribution" else key] = _host(value)
+            elif key == "extras":  # more [N, ...] datasets, stored under their own names
+                arrays.update({f"extras:{name}": _host(part) for name, part in dict(value).items()})
+            elif key == "hidden_states":
+                for net, state in dict(value).items():
+                    parts = state if isinstance(state, tuple | list) else (state,)
+                    for i, part in enumerate(parts):
+                        arrays[f"hidden_states/{net}/{i}"] = _host(part)
+            else:
+                arrays[key] = _host(value)
+        return arrays
+
+    def _check(self, arrays: dict[str, np.ndarray]) -> None:
+        N = self.num_envs
+        for name, value in arrays.items():
+            if name in PER_ENV and value.shape == (N, 1):
+                arrays[name] = value = value.reshape(N)
+            self._check_one(name, value, N)
+        missing = [k for k in ("actions", "rewards", "dones") if k not in arrays]
+        if not any(n.startswith("observations/") for n in arrays):
+            missing.insert(0, "observations")
+        for name in missing:
+            raise self._error(name, "a value at every step", "nothing", f"Pass step['{name}'].")
+        flags = {k: arrays[k] for k in FLAGS if k in arrays}
+        for name, value in flags.items():
+            if value.dtype != np.bool_ and ((value != 0) & (value != 1)).any():
+                raise self._error(name, "flags 0/1 (or bool)", f"{np.unique(value)[:4].tolist()}")
+        if "time_outs" in flags and (flags["time_outs"].astype(bool) & ~flags["dones"].astype(bool)).any():
+            raise self._error(
+                "time_outs", "time-outs only where dones is 1", "a time-out where dones is 0", "Set dones there too."
+            )
+        for name, value in flags.items():
+            arrays[name] = value.astype(np.uint8)
+        for name, value in arrays.items():
+            self._against_schema(name, value)
+        absent = [n for n in self._schema if n not in arrays and not n.startswith(SPARSE)]
+        if absent:
+            raise self._error(absent[0], "a value at every step (given at step 0)", "nothing")
+
+    def _check_one(self, name: str, value: np.ndarray, N: int) -> None:
+        if name.startswith("hidden_states/"):
+            if value.ndim != 3 or value.shape[1] != N:
+                raise self._error(name, f"[layers, {N}, hidden]", str(list(value.shape)))
+        elif name in PER_ENV and value.shape != (N,):
+            raise self._error(name, f"shape [{N}] (one per env)", str(list(value.shape)))
+        elif name not in PER_ENV and (value.ndim < 1 or value.shape[0] != N):
+            raise self._error(name, f"shape [{N}, ...] (envs first)", str(list(value.shape)))
+        kind = value.dtype.kind
+        if name in FLAGS:
+            ok = kind in "biu"
+        elif name.startswith(("observations/", "final_observations/", "last_observations/")):
+            ok = kind == "f" or value.dtype == np.uint8
+        elif name == "actions" or name.startswith("extras:"):
+            ok = kind in "fiub"
+        else:
+            ok = kind == "f"
+        if not ok:
+            raise self._error(name, "a float dtype" if name not in FLAGS else "bool or integer flags", str(value.dtype))
+
+    def _against_schema(self, name: str, value: np.ndarray) -> None:
+        known = self._schema.get(name)
+        if known is None:
+            if self.steps and not name.startswith(SPARSE):
+                raise self._error(name, "only the fields of step 0", "a new field", "Give it at every step.")
+            self._schema[name] = (value.shape, value.dtype)
+        elif known != (value.shape, value.dtype):
+            raise self._error(name, f"{known[1]} {list(known[0])} as at step 0", f"{value.dtype} {list(value.shape)}")
+
+    def _flush(self) -> None:
+        if not self._count:
+            return
+        for name, block in self._blocks.items():
+            self._file.extend(name.removeprefix("extras:"), self._start, block[: self._count])
+            if name.startswith(SPARSE):  # rows a later step does not give read as zeros
+                block[:] = 0
+        self._start += self._count
+        self._count = 0
+
+    def close(self, last_values: Any = None, last_observations: Any = None, *, background: bool = False) -> Path:
+        """Write what is buffered, ``last_values [N]`` and ``last_observations``, and publish the file.
+
+        ``background``: write and publish on rolloutcli's I/O thread (the loop goes on meanwhile); :meth:`wait`
+        returns when the file is published and raises what went wrong.
+        """
+        if self.closed:
+            raise self._error("close", "one close()", "a second close()")
+        if not self.steps:
+            self.abort()
+            raise self._error("step", "at least one step before close()", "none", "Call add() first.")
+        extra: dict[str, np.ndarray] = {}
+        if last_values is not None:
+            value = to_numpy(last_values)
+            value = value.reshape(-1) if value.shape == (self.num_envs, 1) else value
+            if value.shape != (self.num_envs,) or value.dtype.kind != "f":
+                raise self._error("last_values", f"float [{self.num_envs}]", f"{value.dtype} {list(value.shape)}")
+            extra["last_values"] = value
+        elif "values" in self._schema:
+            warnings.warn(
+                f"{self.path}: values were recorded but close() got no last_values; none written.", stacklevel=2
+            )
+        if last_observations is not None:
+            groups = last_observations if isinstance(last_observations, dict) else {"policy": last_observations}
+            for key, group in groups.items():
+                value = to_numpy(group)
+                self._check_one(f"last_observations/{key}", value, self.num_envs)
+                extra[f"last_observations/{key}"] = value
+        self.closed = True
+        if background:
+            self._pending = _io_pool().submit(self._guard, lambda: self._finish(extra))
+        else:
+            self._guard(lambda: self._finish(extra))
+        return self.path
+
+    def wait(self) -> Path:
+        """The published path, once a background :meth:`close` has finished (raises its error)."""
+        if self._pending is not None:
+            self._pending.result()
+        return self.path
+
+    def _finish(self, extra: dict[str, np.ndarray]) -> None:
+        self._flush()
+        for name in self._schema:
+            self._file.pad(name.removeprefix("extras:"), self.steps)
+        for name, value in extra.items():
+            self._file.put(name, value)
+        if self._order:
+            self._file.set_attrs({"order": self._order}, "distribution")
+        self._file.commit()
+
+    def abort(self) -> None:
+        """Discard the recording: nothing is published."""
+        self.closed = True
+        self._file.abort()

@@ -1,0 +1,129 @@
+"""``rolloutcli.record.rsl_rl.attach`` on rsl-rl-lib's real ``OnPolicyRunner`` with a tiny fake VecEnv."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from rsl_rl.env import VecEnv
+from rsl_rl.runners import OnPolicyRunner
+from tensordict import TensorDict
+
+from rolloutcli import RolloutStorage
+from rolloutcli.record.rsl_rl import attach
+
+N, T, OBS, ACT = 8, 6, 3, 2
+
+
+class FakeEnv(VecEnv):
+    """Deterministic dynamics; episodes end by termination (|x| large) or time limit (time_outs)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.num_envs, self.num_actions, self.max_episode_length = N, ACT, 5
+        self.device, self.cfg = "cpu", {}
+        self.generator = torch.Generator().manual_seed(seed)
+        self.state = torch.randn(N, OBS, generator=self.generator)
+        self.episode_length_buf = torch.zeros(N, dtype=torch.long)
+
+    def get_observations(self) -> TensorDict:
+        return TensorDict({"policy": self.state.clone(), "critic": self.state * 2}, batch_size=[N])
+
+    def step(self, actions: torch.Tensor):
+        self.state = (
+            self.state * 0.9
+            + 0.1 * actions.sum(-1, keepdim=True)
+            + 0.05 * torch.randn(N, OBS, generator=self.generator)
+        )
+        rewards = -self.state.pow(2).sum(-1)
+        self.episode_length_buf += 1
+        terminated = self.state.abs().max(-1).values > 1.2
+        time_outs = self.episode_length_buf >= self.max_episode_length
+        dones = terminated | time_outs
+        self.state[dones] = torch.randn(int(dones.sum()), OBS, generator=self.generator)
+        self.episode_length_buf[dones] = 0
+        return self.get_observations(), rewards, dones.long(), {"time_outs": time_outs}
+
+
+def _config(rnn: bool) -> dict:
+    model = {"class_name": "RNNModel", "rnn_type": "gru", "rnn_hidden_dim": 8} if rnn else {"class_name": "MLPModel"}
+    actor = {**model, "hidden_dims": [16], "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": 1.0}}
+    return {
+        "num_steps_per_env": T,
+        "save_interval": 1000,
+        "obs_groups": {"actor": ["policy"], "critic": ["critic"]},
+        "algorithm": {"class_name": "PPO", "num_learning_epochs": 2, "num_mini_batches": 2, "gamma": 0.98, "lam": 0.9},
+        "actor": actor,
+        "critic": {**model, "hidden_dims": [16]},
+        "logger": "tensorboard",
+        "multi_gpu": None,
+    }
+
+
+def _run(tmp_path: Path, rnn: bool, record: bool, iterations: int = 3):
+    torch.manual_seed(0)
+    runner = OnPolicyRunner(FakeEnv(), copy.deepcopy(_config(rnn)), log_dir=None, device="cpu")
+    captured = []
+    original = runner.alg.update
+
+    def update():  # RSL-RL's storage right before the update, for comparison
+        st = runner.alg.storage
+        captured.append(
+            {"returns": st.returns.clone(), "advantages": st.advantages.clone(), "rewards": st.rewards.clone()}
+        )
+        return original()
+
+    runner.alg.update = update
+    recorder = attach(runner, tmp_path / "rec") if record else None
+    runner.learn(iterations)
+    params = [p.detach().clone() for p in [*runner.alg.actor.parameters(), *runner.alg.critic.parameters()]]
+    return params, captured, recorder
+
+
+@pytest.mark.parametrize("rnn", [False, True], ids=["mlp", "gru"])
+def test_hook_is_invisible_and_files_reproduce_rsl_rl(tmp_path: Path, cli, rnn: bool) -> None:
+    plain, storage_plain, _ = _run(tmp_path, rnn, record=False)
+    hooked, storage, recorder = _run(tmp_path, rnn, record=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, hooked, strict=True))
+    assert len(recorder.files) == 3
+    for it, path in enumerate(recorder.files):
+        assert path.name == f"rollout_{it:06d}.h5"
+        expected = storage[it]
+        assert torch.equal(expected["returns"], storage_plain[it]["returns"])
+        with h5py.File(path, "r") as handle:
+            attrs = dict(handle.attrs)
+            assert attrs["recorder"] == "rolloutcli.record.rsl_rl" and attrs["rsl_rl_version"] == "5.5.1"
+            assert attrs["gamma"] == 0.98 and attrs["lam"] == 0.9 and not attrs["timeouts_bootstrapped"]
+            assert list(handle["distribution"].attrs["order"]) == ["mean", "std"]
+            assert ("hidden_states" in handle) is rnn
+            if rnn and it == 0:
+                assert not handle["hidden_states/actor/0"][0].any()  # RSL-RL's state was None: zeros
+            raw = handle["rewards"][()]
+        assert not np.array_equal(raw, expected["rewards"].squeeze(-1).numpy())  # raw, not bootstrapped
+        out = tmp_path / f"gae_{it}.h5"
+        code, _, err = cli("gae", path, "-o", out, "--gamma", "0.98", "--lam", "0.9", "-q")
+        assert code == 0, err
+        with h5py.File(out, "r") as handle:
+            assert handle["returns"][()].tobytes() == expected["returns"].squeeze(-1).numpy().tobytes()
+            np.testing.assert_allclose(
+                handle["advantages"][()], expected["advantages"].squeeze(-1).numpy(), rtol=0, atol=1e-5
+            )
+            assert handle["rewards"][()].tobytes() == expected["rewards"].squeeze(-1).numpy().tobytes()
+        loaded = RolloutStorage.from_hdf5(path)
+        loaded.compute_returns(gamma=0.98, lam=0.9)
+        assert torch.equal(loaded.returns, expected["returns"])
+        assert torch.equal(loaded.advantages, expected["advantages"])
+
+
+def test_every_other_iteration_and_detach(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    runner = OnPolicyRunner(FakeEnv(), copy.deepcopy(_config(False)), log_dir=None, device="cpu")
+    recorder = attach(runner, tmp_path / "rec", every=2)
+    runner.learn(3)
+    assert [p.name for p in recorder.files] == ["rollout_000000.h5", "rollout_000002.h5"]
+    recorder.detach()
+    runner.learn(1)
+    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == ["rollout_000000.h5", "rollout_000002.h5"]

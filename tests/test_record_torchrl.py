@@ -1,0 +1,70 @@
+"""``write_tensordict``: a TorchRL collector-layout batch as a rollout file; ``gae --timeouts final-value``
+gives TorchRL's ``generalized_advantage_estimate``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torchrl.objectives.value.functional import generalized_advantage_estimate
+
+from rolloutcli.record.torchrl import write_tensordict
+
+N, T = 5, 30
+
+
+def _batch(seed: int = 0) -> TensorDict:
+    """A collector's ``[N, T]`` batch: next observations are the pre-reset ones at done steps."""
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(N, T + 1, 3, generator=g)
+    ended = torch.rand(N, T, generator=g) < 0.2
+    truncated = ended & (torch.rand(N, T, generator=g) < 0.5)
+    terminated = ended & ~truncated
+    final = torch.randn(N, T, 3, generator=g)
+    next_obs = torch.where(ended[..., None], final, obs[:, 1:])
+    value = lambda o: o.sum(-1, keepdim=True) * 0.3  # noqa: E731
+    return TensorDict(
+        {
+            "observation": obs[:, :-1],
+            "action": torch.randn(N, T, 2, generator=g),
+            "state_value": value(obs[:, :-1]),
+            "sample_log_prob": torch.randn(N, T, generator=g),
+            "loc": torch.randn(N, T, 2, generator=g),
+            "scale": torch.rand(N, T, 2, generator=g),
+            "next": {
+                "observation": next_obs,
+                "reward": torch.randn(N, T, 1, generator=g),
+                "done": ended[..., None],
+                "terminated": terminated[..., None],
+                "truncated": truncated[..., None],
+                "state_value": value(next_obs),
+            },
+        },
+        batch_size=[N, T],
+    )
+
+
+def test_torchrl_batch_reproduces_its_gae(tmp_path: Path, cli) -> None:
+    td = _batch()
+    path = write_tensordict(td, tmp_path / "trl.h5", gamma=0.99, lam=0.95)
+    with h5py.File(path, "r") as handle:
+        assert handle["observations/policy"].shape == (T, N, 3) and handle["time_outs"][()].any()
+        np.testing.assert_array_equal(handle["rewards"][()], td["next", "reward"].squeeze(-1).T.numpy())
+        assert list(handle["distribution"].attrs["order"]) == ["loc", "scale"]
+    code, _, err = cli("gae", path, "-o", tmp_path / "g.h5", "--timeouts", "final-value", "--no-normalize", "-q")
+    assert code == 0, err
+    adv, target = generalized_advantage_estimate(
+        0.99,
+        0.95,
+        td["state_value"],
+        td["next", "state_value"],
+        td["next", "reward"],
+        done=td["next", "done"],
+        terminated=td["next", "terminated"],
+    )
+    with h5py.File(tmp_path / "g.h5", "r") as handle:
+        np.testing.assert_allclose(handle["returns"][()], target.squeeze(-1).T.numpy(), rtol=0, atol=2e-5)
+        np.testing.assert_allclose(handle["advantages"][()], adv.squeeze(-1).T.numpy(), rtol=0, atol=2e-5)

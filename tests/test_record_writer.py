@@ -1,0 +1,204 @@
+"""``rolloutcli.record.RolloutWriter``: round trip, blocks, validation messages, atomic publish."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from rollout_factory import rollout_arrays, write_rollout
+from tensordict import TensorDict
+
+from rolloutcli.errors import RolloutError
+from rolloutcli.record import RolloutWriter
+from rolloutcli.record import writer as writer_module
+
+
+def _step(arrays: dict[str, np.ndarray], t: int) -> dict:
+    return {
+        "observations": {"policy": arrays["observations/policy"][t], "critic": arrays["observations/critic"][t]},
+        "actions": arrays["actions"][t],
+        "rewards": arrays["rewards"][t],
+        "dones": arrays["dones"][t],
+        "time_outs": arrays["time_outs"][t],
+        "values": arrays["values"][t],
+        "actions_log_prob": arrays["actions_log_prob"][t],
+        "distribution": {"mean": arrays["distribution/mean"][t], "std": arrays["distribution/std"][t]},
+        "hidden_states": {"actor": arrays["hidden_states/actor/0"][t], "critic": arrays["hidden_states/critic/0"][t]},
+    }
+
+
+def _record(path: Path, arrays: dict[str, np.ndarray], **kwargs) -> Path:
+    T, N = arrays["rewards"].shape
+    with RolloutWriter(path, num_envs=N, num_steps=T, **kwargs) as writer:
+        for t in range(T):
+            writer.add(_step(arrays, t))
+        writer.close(last_values=torch.tensor(arrays["last_values"]))
+    return path
+
+
+def _read(path: Path) -> dict:
+    out = {}
+    with h5py.File(path, "r") as handle:
+        handle.visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+        out["__attrs__"] = dict(handle.attrs)
+    return out
+
+
+@pytest.mark.parametrize("block_bytes", [1, 1 << 30])
+def test_round_trip_and_gae(tmp_path: Path, cli, monkeypatch, block_bytes: int) -> None:
+    monkeypatch.setattr(writer_module, "_BLOCK_BYTES", block_bytes)  # a block per step, or one block
+    arrays = rollout_arrays(T=17, N=5, seed=1)
+    recorded = _read(_record(tmp_path / "rec.h5", arrays, gamma=0.99, lam=0.95, compression="gzip"))
+    for name, value in arrays.items():
+        assert recorded[name].tobytes() == value.tobytes(), name
+    attrs = recorded["__attrs__"]
+    assert attrs["recorder"] == "rolloutcli.record.RolloutWriter" and attrs["gamma"] == 0.99
+    assert not attrs["timeouts_bootstrapped"] and not attrs["recorded_from_reset"] and "numpy" in attrs["versions"]
+    write_rollout(tmp_path / "ref.h5", arrays)
+    for source in ("rec", "ref"):
+        assert cli("gae", tmp_path / f"{source}.h5", "-o", tmp_path / f"{source}_gae.h5", "-q")[0] == 0
+    a, b = _read(tmp_path / "rec_gae.h5"), _read(tmp_path / "ref_gae.h5")
+    for name in ("advantages", "returns", "rewards"):
+        assert a[name].tobytes() == b[name].tobytes()
+
+
+def test_tensordict_steps_sparse_final_observations(tmp_path: Path) -> None:
+    N = 3
+    with RolloutWriter(tmp_path / "td.h5", num_envs=N) as writer:
+        for t in range(4):
+            step = TensorDict(
+                {
+                    "observations": torch.full((N, 2), float(t)),
+                    "actions": torch.zeros(N, 1),
+                    "rewards": torch.ones(N),
+                    "dones": torch.tensor([t == 2, False, False]),
+                },
+                batch_size=[N],
+            )
+            writer.add(step)
+        writer.close(last_observations=torch.ones(N, 2))
+    with RolloutWriter(tmp_path / "sparse.h5", num_envs=N) as writer:
+        for t in range(4):
+            step = {
+                "observations": np.zeros((N, 2), np.float32),
+                "actions": np.zeros((N, 1), np.float32),
+                "rewards": np.zeros(N, np.float32),
+                "dones": np.array([t == 2, 0, 0]),
+            }
+            if t == 2:
+                step["final_observations"] = np.full((N, 2), 7, np.float32)
+                step["final_values"] = np.full(N, 3, np.float32)
+            writer.add(step)
+        writer.close()
+    data = _read(tmp_path / "sparse.h5")
+    assert data["final_observations/policy"].shape == (4, N, 2) and (data["final_observations/policy"][2] == 7).all()
+    assert (data["final_observations/policy"][[0, 1, 3]] == 0).all() and data["final_values"][2, 0] == 3
+    assert _read(tmp_path / "td.h5")["last_observations/policy"].shape == (N, 2)
+
+
+def _valid(N: int = 2) -> dict:
+    return {
+        "observations": np.zeros((N, 3), np.float32),
+        "actions": np.zeros((N, 1), np.float32),
+        "rewards": np.zeros(N, np.float32),
+        "dones": np.zeros(N, np.uint8),
+        "time_outs": np.zeros(N, np.uint8),
+        "values": np.zeros(N, np.float32),
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"rewards": np.zeros(3, np.float32)}, "field 'rewards': expected shape [2] (one per env), found [3]."),
+        ({"values": np.zeros(2, np.int64)}, "field 'values': expected a float dtype, found int64."),
+        ({"dones": np.array([0, 2])}, "field 'dones': expected flags 0/1 (or bool), found [0, 2]."),
+        (
+            {"time_outs": np.array([1, 0], np.uint8)},
+            "field 'time_outs': expected time-outs only where dones is 1, found a time-out where dones is 0. Set dones",
+        ),
+        (
+            {"actions": np.zeros((2, 2), np.float32)},
+            "field 'actions': expected float32 [2, 1] as at step 0, found float32 [2, 2].",
+        ),
+        ({"rewardz": np.zeros(2)}, "field 'rewardz': expected one of rewards"),
+    ],
+)
+def test_bad_steps_name_step_and_field(tmp_path: Path, change: dict, message: str) -> None:
+    writer = RolloutWriter(tmp_path / "bad.h5", num_envs=2)
+    writer.add(_valid())
+    with pytest.raises(RolloutError) as caught:
+        writer.add({**_valid(), **change})
+    assert str(caught.value).startswith(f"{tmp_path / 'bad.h5'}: step 1: {message}")
+    writer.add(_valid())  # a refused step leaves the writer usable
+    writer.close(last_values=np.zeros(2, np.float32))
+    assert _read(tmp_path / "bad.h5")["rewards"].shape == (2, 2)
+
+
+def test_limits_and_close(tmp_path: Path) -> None:
+    path = tmp_path / "lim.h5"
+    writer = RolloutWriter(path, num_envs=2, num_steps=1)
+    writer.add(_valid())
+    with pytest.raises(RolloutError, match=r"step 1: field 'step': expected at most num_steps=1 steps, found one"):
+        writer.add(_valid())
+    with pytest.warns(UserWarning, match="values were recorded but close\\(\\) got no last_values; none written"):
+        writer.close()
+    assert "last_values" not in _read(path)
+    with pytest.raises(RolloutError, match=r"step 1: field 'step': expected add\(\) before close\(\), found add"):
+        writer.add(_valid())
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_interrupted_recording_publishes_nothing(tmp_path: Path, error: type) -> None:
+    with pytest.raises(error), RolloutWriter(tmp_path / "x.h5", num_envs=2) as writer:
+        writer.add(_valid())
+        raise error
+    assert os.listdir(tmp_path) == []
+
+
+def test_full_disk_publishes_nothing(tmp_path: Path, monkeypatch) -> None:
+    from rolloutcli.hdf5 import append
+
+    def full(*args, **kwargs):
+        raise RolloutError(f"{tmp_path / 'x.h5'}: cannot write the output: No space left on device", exit_code=3)
+
+    monkeypatch.setattr(writer_module, "_BLOCK_BYTES", 1)
+    monkeypatch.setattr(append.AppendFile, "extend", full)
+    writer = RolloutWriter(tmp_path / "x.h5", num_envs=2)
+    with pytest.raises(RolloutError, match="No space left"):
+        writer.add(_valid())
+    assert os.listdir(tmp_path) == [] and writer.closed
+
+
+def test_dropped_writer_leaves_nothing(tmp_path: Path) -> None:
+    writer = RolloutWriter(tmp_path / "x.h5", num_envs=2)
+    writer.add(_valid())
+    del writer
+    import gc
+
+    gc.collect()
+    assert os.listdir(tmp_path) == []
+
+
+def test_background_close(tmp_path: Path, monkeypatch) -> None:
+    from rolloutcli.hdf5 import append
+
+    writer = RolloutWriter(tmp_path / "bg.h5", num_envs=2)
+    writer.add(_valid())
+    assert writer.close(last_values=np.zeros(2, np.float32), background=True) == tmp_path / "bg.h5"
+    assert writer.wait().exists() and _read(tmp_path / "bg.h5")["rewards"].shape == (1, 2)
+
+    def broken(self):
+        raise RolloutError("disk gone", exit_code=3)
+
+    monkeypatch.setattr(append.AppendFile, "commit", broken)
+    failing = RolloutWriter(tmp_path / "fail.h5", num_envs=2)
+    failing.add(_valid())
+    failing.close(last_values=np.zeros(2, np.float32), background=True)
+    with pytest.raises(RolloutError, match="disk gone"):
+        failing.wait()
+    assert sorted(os.listdir(tmp_path)) == ["bg.h5"]
