@@ -51,7 +51,9 @@ class AppendFile:
 
     def _create(self, name: str, block: np.ndarray) -> None:
         row = block[0].nbytes if block.shape[0] else block.itemsize
-        rows = max(1, min(_CHUNK_BYTES // max(row, 1), 1 << 16))
+        # a first block shorter than a chunk is a whole short recording (the writer flushes full blocks): one
+        # chunk of its length, not a mostly empty MiB per dataset
+        rows = max(1, min(_CHUNK_BYTES // max(row, 1), 1 << 16, block.shape[0]))
         self.out._parents(name)
         self.out._do(
             lambda: self.file.create_dataset(

@@ -209,11 +209,11 @@ class RolloutWriter:
         elif name not in PER_ENV and (value.ndim < 1 or value.shape[0] != N):
             raise self._error(name, f"shape [{N}, ...] (envs first)", str(list(value.shape)))
         kind = value.dtype.kind
-        if name in FLAGS:
-            ok = kind in "biu"
-        elif name.startswith(("observations/", "final_observations/", "last_observations/")):
-            ok = kind == "f" or value.dtype == np.uint8
-        elif name == "actions" or name.startswith("extras:"):
+        if name in FLAGS:  # float flags too (SB3's are float32): their values are checked to be 0/1
+            ok = kind in "biuf"
+        elif name.startswith(("observations/", "final_observations/", "last_observations/", "extras:")):
+            ok = kind in "fiub"
+        elif name == "actions":
             ok = kind in "fiub"
         else:
             ok = kind == "f"

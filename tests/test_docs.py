@@ -1,0 +1,16 @@
+"""Every code block of docs/*.md runs, in document order, in a folder holding sample_data/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from doc_blocks import blocks, run_blocks
+
+PAGES = sorted((REPO / "docs").glob("*.md"))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_block_runs(page: Path, tmp_path: Path, cli, monkeypatch, request) -> None:
+    run_blocks(page, blocks(page), cli, tmp_path, monkeypatch, request)
