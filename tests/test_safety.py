@@ -254,3 +254,24 @@ def test_output_side_failure_is_not_blamed_on_the_input(tmp_path: Path, monkeypa
     message = str(raised.value)
     assert message.startswith(f"{tmp_path / 'out.h5'}: cannot write the output (Unable to synchronously create")
     assert "corrupt" not in message and raised.value.exit_code == 3
+
+
+def test_corrupt_committed_datatype_is_refused_not_a_crash(tmp_path: Path) -> None:
+    """A fuzz mutant of a split file whose committed datatype crashes libhdf5's object copy (which
+    ``split --unpad`` uses): the probe child tries that copy, so the command exits 1 instead of segfaulting."""
+    import gzip
+    import subprocess
+    import sys
+
+    path = tmp_path / "mutant.h5"
+    path.write_bytes(gzip.decompress((Path(__file__).parent / "data" / "split_corrupt_named_type.h5.gz").read_bytes()))
+    before = path.read_bytes()
+    argv = [sys.executable, "-m", "rolloutcli", "split", "--unpad", str(path), "-o", str(tmp_path / "out.h5")]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == (
+        f"error: {path}: libhdf5 crashed (SIGSEGV) while reading the file's metadata; the file is corrupt. "
+        "Re-export it from its source."
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mutant.h5"]
+    assert path.read_bytes() == before

@@ -183,7 +183,13 @@ def _read_metadata(path: Path, allow_external: bool) -> None:
             return  # refused: the caller refuses it too, without reading more
         names: list[str] = []
         handle.visititems_links(lambda name, link: names.append(name) if isinstance(link, h5py.HardLink) else None)
-        for obj in [handle, *(handle[name] for name in names)]:
+        objects = [handle, *(handle[name] for name in names)]
+        # split copies committed datatypes object by object (H5Ocopy), which crashes on some corrupt ones
+        with h5py.File("probe", "w", driver="core", backing_store=False) as scratch:
+            for obj in objects:
+                if isinstance(obj, h5py.Datatype):
+                    handle.copy(obj, scratch, name=str(len(scratch)))
+        for obj in objects:
             for key in obj.attrs:
                 obj.attrs[key]  # variable-length strings live in the global heap
             if not isinstance(obj, h5py.Dataset) or obj.external or obj.is_virtual:
