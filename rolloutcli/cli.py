@@ -37,6 +37,8 @@ from rolloutcli.cli_common import (
     flag,
     run_options,
 )
+from rolloutcli.cli_returns import EXAMPLE as RETURNS_EXAMPLE
+from rolloutcli.cli_returns import returns
 from rolloutcli.errors import (
     EXIT_HANGUP,
     EXIT_INTERRUPTED,
@@ -190,6 +192,7 @@ def split(
 app.command(
     epilog=_example("rolloutcli batch run_gae.h5 -o shards --num-mini-batches 4 --recurrent --epochs 2"),
 )(batch)
+app.command(epilog=_example(RETURNS_EXAMPLE))(returns)
 
 
 class _Signalled(BaseException):

@@ -56,6 +56,7 @@ CompressionOpt = Annotated[Compression | None, typer.Option("--compression", hel
 HistoryOpt = Annotated[
     int | None, count_option("--history", text="Export history windows [B, K, ...] of observations.", metavar="K")
 ]
+OfflineOpt = flag("--offline", text="Export what the file has, without advantages/returns (offline data).")
 AcrossOpt = flag("--across-episodes", text="--history: never reset at dones (AMP); windows may straddle episodes.")
 GroupsOpt = Annotated[
     str | None, typer.Option("--observations", help="--history: observation groups to export, e.g. policy,critic.")
@@ -76,6 +77,7 @@ def batch(
     history: HistoryOpt = None,
     across_episodes: AcrossOpt = False,
     observations: GroupsOpt = None,
+    offline: OfflineOpt = False,
     overwrite: OverwriteOpt = False,
     json_output: JsonOpt = False,
     max_memory: MemoryOpt = "1G",
@@ -84,7 +86,8 @@ def batch(
 ) -> None:
     """Export mini-batch shards (one HDF5 file per mini-batch) and a manifest.json into a new folder.
 
-    --history K exports history windows [B, K, ...] of observations instead.
+    --history K exports history windows [B, K, ...] of observations, actions, rewards and dones instead
+    (never needs advantages); --offline exports feed-forward rows of a file without them.
     """
     if output is None:
         raise RolloutError("batch: expected an output folder (-o SHARDS/), found none.", exit_code=EXIT_USAGE)
@@ -112,6 +115,6 @@ def batch(
             if on:
                 raise RolloutError(f"{name}: expected --history K with it, found none.", exit_code=EXIT_USAGE)
         mode = "recurrent" if recurrent else "distillation" if distillation else "feedforward"
-        options = BatchOptions(num_mini_batches, epochs, seed, mode, rsl_parity, shuffle_envs, compression)
+        options = BatchOptions(num_mini_batches, epochs, seed, mode, rsl_parity, shuffle_envs, compression, offline)
     summary = run_batch(file, output, options, run, overwrite=overwrite, progress=RichProgress(quiet))
     emit(summary, render_batch, json_output, quiet, output)

@@ -15,7 +15,8 @@ workers, worker ``w`` yields the items ``w, w + W, ...`` of a pass and reads onl
 Batches come in RSL-RL's shapes (scalars with a trailing 1; observations a ``TensorDict``, so batches go
 straight into RSL-RL's ``update()``): feed-forward and recurrent shards as RSL-RL's mini-batches, distillation
 as one batch per time step (RSL-RL's ``generator()``). History shards (``batch --history K``) come as dicts
-``{"observations": {key: [B, K, ...]}, "window_dones": [B, K], "window_env": [B], "window_end": [B]}``.
+``{"observations": {key: [B, K, ...]}, "window_actions": [B, K, ...], "window_rewards": [B, K],
+"window_dones": [B, K], "window_env": [B], "window_end": [B]}``.
 ``as_dict=True`` yields each shard's datasets as stored plus ``"file"``, ``"epoch"`` and ``"mini_batch"``.
 """
 
@@ -260,7 +261,8 @@ class ShardDataset(IterableDataset):
         """A history shard as a dict (see the module docstring)."""
         dones = tensors["window_dones"]
         out: dict[str, Any] = {"observations": self._observations(tensors, list(dones.shape))}
-        out.update({name: tensors[name] for name in ("window_dones", "window_env", "window_end")})
+        names = ("window_actions", "window_rewards", "window_dones", "window_env", "window_end")
+        out.update({name: tensors[name] for name in names if name in tensors})  # actions, rewards: since 1.1
         return out
 
     def _step(self, tensors: dict[str, torch.Tensor], step: int) -> RolloutStorage.Batch:

@@ -90,10 +90,10 @@ class OpenCopy:
         self.remove(new)
         self._handle.move(old, new)
 
-    def create(self, name: str, steps: int, envs: int) -> None:
-        """A new empty float32 ``[T, N]`` dataset ``name`` (replacing any), filled by :meth:`write`."""
+    def create(self, name: str, steps: int, envs: int, dtype: Any = np.float32) -> None:
+        """A new empty ``[T, N]`` dataset ``name`` (float32 unless told; replacing any), filled by :meth:`write`."""
         self.remove(name)
-        self._created[name] = self._handle.create_dataset(name, shape=(steps, envs), dtype=np.float32)
+        self._created[name] = self._handle.create_dataset(name, shape=(steps, envs), dtype=dtype)
 
     def write(self, name: str, start: int, stop: int, block: np.ndarray) -> None:
         """Env columns ``[start, stop)`` of a dataset made by :meth:`create`."""

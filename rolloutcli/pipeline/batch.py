@@ -60,6 +60,7 @@ class BatchOptions:
     rsl_parity: bool = False
     shuffle_envs: bool = False
     compression: str | None = None
+    offline: bool = False  # feed-forward rows of what the file has: no advantages or returns required
 
 
 def _check_options(options: BatchOptions) -> None:
@@ -68,6 +69,8 @@ def _check_options(options: BatchOptions) -> None:
         raise usage("--shuffle-envs: expected --recurrent (it reshuffles env groups), found another mode.")
     if options.shuffle_envs and options.rsl_parity:
         raise usage("--shuffle-envs: RSL-RL uses fixed env groups; drop --rsl-parity or --shuffle-envs.")
+    if options.offline and options.mode != "feedforward":
+        raise usage(f"--offline: expected feed-forward or --history batches, found --{options.mode}.")
     if options.rsl_parity and options.mode == "distillation":
         raise usage("--rsl-parity: distillation shards are always in RSL-RL's generator() order; drop it.")
 
@@ -83,10 +86,13 @@ def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
                 "nothing",
                 "Record the teacher's actions, or export RL mini-batches without --distillation.",
             )
-    else:
+    elif not options.offline:
         missing = [name for name in ("advantages", "returns") if name not in fields]
         if missing:
-            fix = "Run `rolloutcli gae` first."
+            fix = (
+                "Run `rolloutcli gae` first. For offline data without a critic, pass --offline (exports what the "
+                "file has)."
+            )
             problems = [problem_line(path, name, "a dataset [T, N]", "nothing", fix) for name in missing]
             raise RolloutError.many(path, problems)
     limit = {"feedforward": (reader.T * reader.N, "rows (T*N)"), "recurrent": (reader.N, "envs (N)")}.get(
@@ -99,6 +105,10 @@ def _check_source(reader: RolloutReader, options: BatchOptions) -> None:
         )
 
 
+# What `rolloutcli returns` writes: per-step extras a feed-forward export carries along when present.
+OFFLINE_TARGETS = ("returns_to_go", "returns_truncated")
+
+
 def _fields(reader: RolloutReader, mode: str) -> list[Field]:
     """The fields a mode exports, observations first, each with its row dtype and shape (as read, normalised)."""
     schema = reader.schema
@@ -107,7 +117,8 @@ def _fields(reader: RolloutReader, mode: str) -> list[Field]:
         pairs += [("privileged_actions", "privileged_actions"), ("dones", "dones")]
     else:
         observations = set(schema.observation_keys.values())
-        pairs += [(n, n) for n in sorted(schema.per_step_names()) if n not in observations]
+        names = schema.per_step_names() + [n for n in OFFLINE_TARGETS if n in schema.step_names()]
+        pairs += [(n, n) for n in sorted(names) if n not in observations]
         if mode == "recurrent":
             pairs += [(path, path) for net in ("actor", "critic") for path in schema.hidden.get(net, [])]
     return export_fields(reader, pairs)
