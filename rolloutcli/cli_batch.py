@@ -54,7 +54,10 @@ ParityOpt = flag("--rsl-parity", text="Reproduce RSL-RL exactly: one order for a
 ShuffleEnvsOpt = flag("--shuffle-envs", text="--recurrent: new env groups every epoch.")
 CompressionOpt = Annotated[Compression | None, typer.Option("--compression", help="Compress shard datasets.")]
 HistoryOpt = Annotated[
-    int | None, count_option("--history", text="Export history windows [B, K, ...] of observations.", metavar="K")
+    int | None,
+    count_option(
+        "--history", text="Export history windows [B, K, ...] of observations, actions, rewards.", metavar="K"
+    ),
 ]
 OfflineOpt = flag("--offline", text="Export what the file has, without advantages/returns (offline data).")
 AcrossOpt = flag("--across-episodes", text="--history: never reset at dones (AMP); windows may straddle episodes.")
