@@ -53,6 +53,8 @@ from rolloutcli.cli_dataset import (
     resolve_inputs,
 )
 from rolloutcli.cli_import import import_command
+from rolloutcli.cli_returns import EXAMPLE as RETURNS_EXAMPLE
+from rolloutcli.cli_returns import returns
 from rolloutcli.errors import (
     EXIT_HANGUP,
     EXIT_INTERRUPTED,
@@ -284,6 +286,7 @@ app.command(name="import", epilog=_example("rolloutcli import d4rl_hopper.hdf5 -
 app.command(epilog=_example(cli_nstep.EXAMPLE))(cli_nstep.nstep)
 app.command(epilog=_example(cli_stats.EXAMPLE))(cli_stats.stats)
 app.command(epilog=_example(cli_plot.EXAMPLE))(cli_plot.plot)
+app.command(epilog=_example(RETURNS_EXAMPLE))(returns)
 
 
 class _Signalled(BaseException):

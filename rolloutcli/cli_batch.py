@@ -68,8 +68,12 @@ ParityOpt = flag("--rsl-parity", text="Reproduce RSL-RL exactly: one order for a
 ShuffleEnvsOpt = flag("--shuffle-envs", text="--recurrent: new env groups every epoch.")
 CompressionOpt = Annotated[Compression | None, typer.Option("--compression", help="Compress shard datasets.")]
 HistoryOpt = Annotated[
-    int | None, count_option("--history", text="Export history windows [B, K, ...] of observations.", metavar="K")
+    int | None,
+    count_option(
+        "--history", text="Export history windows [B, K, ...] of observations, actions, rewards.", metavar="K"
+    ),
 ]
+OfflineOpt = flag("--offline", text="Export what the file has, without advantages/returns (offline data).")
 AcrossOpt = flag("--across-episodes", text="--history: never reset at dones (AMP); windows may straddle episodes.")
 TransitionsOpt = flag("--transitions", text="Off-policy transitions (s, a, R, s', discount, terminated, truncated).")
 NStepOpt = Annotated[
@@ -106,6 +110,7 @@ def batch(
     n_step: NStepOpt = None,
     gamma: GammaOpt = None,
     timeouts: TimeoutsOpt = None,
+    offline: OfflineOpt = False,
     overwrite: OverwriteOpt = False,
     engine: EngineOpt = "local",
     workers: WorkersOpt = 1,
@@ -118,7 +123,9 @@ def batch(
 ) -> None:
     """Export mini-batch shards (one HDF5 file per mini-batch) and a manifest.json into a new folder.
 
-    --history K exports history windows [B, K, ...] of observations instead; --transitions off-policy transitions.
+    --history K exports history windows [B, K, ...] of observations, actions, rewards and dones instead
+    (never needs advantages); --transitions off-policy transitions; --offline feed-forward rows of a file without
+    advantages.
     """
     if output is None:
         raise RolloutError("batch: expected an output folder (-o SHARDS/), found none.", exit_code=EXIT_USAGE)
@@ -175,7 +182,15 @@ def batch(
                 raise RolloutError(f"{name}: expected --history K with it, found none.", exit_code=EXIT_USAGE)
         mode = "recurrent" if recurrent else "distillation" if distillation else "feedforward"
         options = BatchOptions(
-            num_mini_batches or 0, epochs, seed, mode, rsl_parity, shuffle_envs, compression, batch_size=batch_size
+            num_mini_batches or 0,
+            epochs,
+            seed,
+            mode,
+            rsl_parity,
+            shuffle_envs,
+            compression,
+            batch_size=batch_size,
+            offline=offline,
         )
     dataset = resolve_inputs(files)
     source = list(dataset.files) if dataset.many else dataset.files[0]

@@ -26,6 +26,7 @@ half-held HDF5 lock.
 
 Batches come in RSL-RL's shapes (:class:`~rolloutcli.minibatch.Batch`; scalars with a trailing 1; observations a
 ``TensorDict``). History shards (``batch --history K``) come as dicts ``{"observations": {key: [B, K, ...]},
+"window_actions": [B, K, ...], "window_rewards": [B, K],
 "window_dones": [B, K], "window_env": [B], "window_end": [B]}``. ``as_dict=True`` yields each shard's datasets as
 stored plus ``"file"``, ``"epoch"`` and ``"mini_batch"``.
 """
@@ -278,7 +279,8 @@ class ShardDataset(Dataset):
         """A history shard as a dict (see the module docstring)."""
         dones = tensors["window_dones"]
         out: dict[str, Any] = {"observations": self._observations(tensors, list(dones.shape))}
-        out.update({name: tensors[name] for name in ("window_dones", "window_env", "window_end")})
+        names = ("window_actions", "window_rewards", "window_dones", "window_env", "window_end")
+        out.update({name: tensors[name] for name in names if name in tensors})  # actions, rewards: since 1.1
         return out
 
     def _step(self, tensors: dict[str, torch.Tensor], step: int) -> Batch:

@@ -74,6 +74,8 @@ COMMANDS: dict[str, Command] = {
     "inspect": Command(lambda s, d: ["inspect", s, "--json"], output=None, strict=("--strict",)),
     "gae": Command(lambda s, d: ["gae", s, "-o", d]),
     "gae --in-place": Command(lambda s, d: ["gae", s, "--in-place"], in_place=True),
+    "returns": Command(lambda s, d: ["returns", s, "-o", d]),
+    "returns --in-place": Command(lambda s, d: ["returns", s, "--in-place"], in_place=True),
     "split": Command(lambda s, d: ["split", s, "-o", d]),
     "split --unpad": Command(lambda s, d: ["split", "--unpad", s, "-o", d], source="split"),
     "batch": Command(lambda s, d: ["batch", s, "-o", d, "-m", "4"], output="folder", source="gae"),
@@ -83,6 +85,7 @@ COMMANDS: dict[str, Command] = {
         output="folder",
     ),
     "nstep": Command(lambda s, d: ["nstep", s, "-o", d, "--n", "1", "--timeouts", "ignore"]),
+    "batch --offline": Command(lambda s, d: ["batch", s, "-o", d, "-m", "4", "--offline"], output="folder"),
 }
 WRITERS = [name for name, command in COMMANDS.items() if command.writes]
 ROLLOUT_READERS = [name for name, command in COMMANDS.items() if command.source in ("rollout", "gae")]

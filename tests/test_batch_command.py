@@ -200,6 +200,7 @@ def test_manifest_content(sources, tmp_path, cli) -> None:
         "rsl_parity": False,
         "shuffle_envs": False,
         "compression": None,
+        "offline": False,
     }
     assert manifest["gae"] == {
         "gamma": 0.99,

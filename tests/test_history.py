@@ -71,7 +71,8 @@ def expected_count(dones: np.ndarray, K: int, across: bool) -> int:
 def buffer_windows(arrays: dict[str, np.ndarray], K: int, across: bool) -> dict[tuple[int, int], dict]:
     """The reference: a CircularBuffer(K, N) per field filled step by step, reset at dones unless ``across``;
     after each step, the window of every env whose K entries were appended since its last reset (no fill)."""
-    names = {f"observations/{g}": arrays[f"observations/{g}"] for g in GROUPS} | {"window_dones": arrays["dones"]}
+    names = {f"observations/{g}": arrays[f"observations/{g}"] for g in GROUPS}
+    names |= {"window_actions": arrays["actions"], "window_rewards": arrays["rewards"], "window_dones": arrays["dones"]}
     buffers = {name: CircularBuffer(K, N, "cpu") for name in names}
     windows: dict[tuple[int, int], dict] = {}
     for t in range(T):
@@ -132,6 +133,8 @@ def test_windows_are_consecutive_steps_of_one_env(source, tmp_path, across: bool
         assert np.array_equal(policy, arrays["observations/policy"][steps, env[:, None]])
         assert np.array_equal(shard["observations/critic"], arrays["observations/critic"][steps, env[:, None]])
         assert np.array_equal(shard["window_dones"], arrays["dones"][steps, env[:, None]])
+        assert np.array_equal(shard["window_actions"], arrays["actions"][steps, env[:, None]])
+        assert np.array_equal(shard["window_rewards"], arrays["rewards"][steps, env[:, None]])
         inside = shard["window_dones"][:, :-1].any(axis=1)
         if not across:
             assert not inside.any()  # never a done before a window's last step
@@ -245,6 +248,8 @@ def test_manifest_content(source, tmp_path, cli) -> None:
     assert "feistel-cw bijection of W" in manifest["order"] and "reset after each done" in manifest["window"]
     assert manifest["fields"] == {
         "observations/policy": {"dtype": "float32", "row_shape": [3, 4]},
+        "window_actions": {"dtype": "float32", "row_shape": [3, 2]},
+        "window_rewards": {"dtype": "float32", "row_shape": [3]},
         "window_dones": {"dtype": "uint8", "row_shape": [3]},
     }
     entries = manifest["shards"]
@@ -254,7 +259,14 @@ def test_manifest_content(source, tmp_path, cli) -> None:
         path = tmp_path / "s" / entry["file"]
         assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"]
         data, attrs = read_shard(path)
-        assert sorted(data) == ["observations/policy", "window_dones", "window_end", "window_env"]
+        assert sorted(data) == [
+            "observations/policy",
+            "window_actions",
+            "window_dones",
+            "window_end",
+            "window_env",
+            "window_rewards",
+        ]
         assert entry["rows"] == len(data["window_env"]) and data["window_end"].dtype == np.int64
         assert attrs[""]["mode"] == "history" and attrs[""]["history"] == 3
     assert sum(e["rows"] for e in entries) == 2 * windows
@@ -277,7 +289,14 @@ def test_shard_dataset_reads_history_shards(source, tmp_path) -> None:
     assert len(items) == 8
     for item in items:
         B = item["window_env"].shape[0]
-        assert set(item) == {"observations", "window_dones", "window_env", "window_end"}
+        assert set(item) == {
+            "observations",
+            "window_actions",
+            "window_rewards",
+            "window_dones",
+            "window_env",
+            "window_end",
+        }
         assert item["observations"]["policy"].shape == (B, K, 4) and item["window_dones"].shape == (B, K)
         steps = item["window_end"][:, None] - K + 1 + torch.arange(K)
         expected = torch.from_numpy(arrays["observations/critic"])[steps, item["window_env"][:, None]]

@@ -76,6 +76,7 @@ class BatchOptions:
     shuffle_envs: bool = False
     compression: str | None = None
     batch_size: int | None = None  # instead of M: items per mini-batch (rows, envs or steps by mode), M from it
+    offline: bool = False  # feed-forward rows of what the file has: no advantages or returns required
 
 
 def _check_options(options: BatchOptions) -> None:
@@ -88,6 +89,8 @@ def _check_options(options: BatchOptions) -> None:
         raise usage("batch: expected exactly one of --num-mini-batches/-m M and --batch-size B.")
     if options.batch_size is not None and options.rsl_parity:
         raise usage("--batch-size: RSL-RL is configured by its number of mini-batches; use -m M with --rsl-parity.")
+    if options.offline and options.mode != "feedforward":
+        raise usage(f"--offline: expected feed-forward or --history batches, found --{options.mode}.")
     if options.rsl_parity and options.mode == "distillation":
         raise usage("--rsl-parity: distillation shards are always in RSL-RL's generator() order; drop it.")
 
@@ -103,10 +106,13 @@ def _check_source(reader: RolloutReader, options: BatchOptions, T: int, N: int, 
                 "nothing",
                 "Record the teacher's actions, or export RL mini-batches without --distillation.",
             )
-    else:
+    elif not options.offline:
         missing = [name for name in ("advantages", "returns") if name not in fields]
         if missing:
-            fix = "Run `rolloutcli gae` first."
+            fix = (
+                "Run `rolloutcli gae` first. For offline data without a critic, pass --offline (exports what the "
+                "file has)."
+            )
             problems = [problem_line(path, name, "a dataset [T, N]", "nothing", fix) for name in missing]
             raise RolloutError.many(path, problems)
     limit = _items(T, N, options.mode)
@@ -129,6 +135,10 @@ def _items(T: int, N: int, mode: str) -> tuple[int, str]:
     return (N, "envs (N)") if mode == "recurrent" else (T, "steps (T)")
 
 
+# What `rolloutcli returns` writes: per-step extras a feed-forward export carries along when present.
+OFFLINE_TARGETS = ("returns_to_go", "returns_truncated")
+
+
 def _fields(reader: RolloutReader, mode: str) -> list[Field]:
     """The fields a mode exports, observations first, each with its row dtype and shape (as read, normalised)."""
     schema = reader.schema
@@ -137,7 +147,8 @@ def _fields(reader: RolloutReader, mode: str) -> list[Field]:
         pairs += [("privileged_actions", "privileged_actions"), ("dones", "dones")]
     else:
         observations = set(schema.observation_keys.values())
-        pairs += [(n, n) for n in sorted(schema.per_step_names()) if n not in observations]
+        names = schema.per_step_names() + [n for n in OFFLINE_TARGETS if n in schema.step_names()]
+        pairs += [(n, n) for n in sorted(names) if n not in observations]
         if mode == "recurrent":
             pairs += [(path, path) for net in ("actor", "critic") for path in schema.hidden.get(net, [])]
     return export_fields(reader, pairs)

@@ -26,7 +26,8 @@ ORDER_TEXT = (
     "by at most one window"
 )
 WINDOW_TEXT = (
-    "window_end t, window_env n: steps t-K+1..t of env n, oldest to newest (CircularBuffer.buffer order); "
+    "window_end t, window_env n: steps t-K+1..t of env n, oldest to newest (CircularBuffer.buffer order), "
+    "with each step's observations, window_actions, window_rewards, window_dones; "
     "only windows whose K steps were all recorded (t >= K-1, no padding); {episodes}"
 )
 EPISODES_TEXT = {
@@ -92,7 +93,8 @@ def _take_windows(history: int, block: Block, data: Rows, index: torch.Tensor, o
 
 
 def _shard_tensors(plan: Any, pass_index: int, shard: int, rows: Rows, N: int) -> dict[str, torch.Tensor]:
-    """A shard's datasets: the gathered windows ``[B, K, ...]`` plus ``window_env``/``window_end [B]`` int64."""
+    """A shard's datasets: the gathered windows ``[B, K, ...]`` (observations, actions, rewards, dones) plus
+    ``window_env``/``window_end [B]`` int64."""
     ends = plan.passes[pass_index].rows_of(shard)
     return {**rows, "window_env": torch.remainder(ends, N), "window_end": torch.div(ends, N, rounding_mode="floor")}
 
@@ -127,7 +129,8 @@ def history_job(reader: RolloutReader, options: HistoryOptions, budget: int) -> 
     if K > T:
         raise usage(f"--history: expected at most {T} (the file's steps T), found {K}.")
     groups = _groups(reader, options)
-    pairs = [(reader.schema.observation_keys[g], f"observations/{g}") for g in groups] + [("dones", "window_dones")]
+    pairs = [(reader.schema.observation_keys[g], f"observations/{g}") for g in groups]
+    pairs += [(name, f"window_{name}") for name in ("actions", "rewards", "dones")]  # a_t, r_t, done_t per step
     fields = export_fields(reader, pairs, window=K)
     ends = window_ends(_eligible(reader, options, budget))
     windows = ends.numel()
