@@ -46,6 +46,7 @@ from rolloutcli.cli_dataset import (
     LockingOpt,
     ResumeOpt,
     WorkersOpt,
+    derive_command,
     engine_options,
     per_file,
     render_dataset,
@@ -192,8 +193,6 @@ def gae(
     from rolloutcli.pipeline.gae import GaeOptions, run_gae
     from rolloutcli.render import render_gae
 
-    if in_place and output is not None:
-        raise RolloutError("gae: expected either -o OUT.h5 or --in-place, found both.", exit_code=EXIT_USAGE)
     if timeouts is not None and bootstrap_timeouts is not None:
         raise RolloutError(
             "gae: expected either --timeouts or --[no-]bootstrap-timeouts, found both.", exit_code=EXIT_USAGE
@@ -201,29 +200,20 @@ def gae(
     run, runner = run_options(max_memory, allow_external), engine_options(engine, workers, address, hdf5_locking)
     rule = None if timeouts is None else timeouts.value
     options = GaeOptions(gamma, lam, normalize, bootstrap_timeouts, last_values.value, rule)
-
-    def single(file: Path) -> dict[str, Any]:
-        summary = run_gae(
-            file, output, options, run, overwrite=overwrite, in_place=in_place, progress=RichProgress(quiet)
-        )
-        emit(summary, render_gae, json_output, quiet, file if in_place else output)
-        return summary
-
-    if in_place and resolve_inputs(files).many:
-        raise RolloutError("--in-place: expected one file, found a dataset; use -o FOLDER.", exit_code=EXIT_USAGE)
-    summary = per_file(
+    derive_command(
         "gae",
         files,
         output,
         asdict(options),
-        lambda src, out: (run_gae, (src, out, options, run)),
+        (run_gae, (options, run)),
+        render_gae,
         runner,
+        in_place=in_place,
         overwrite=overwrite,
         resume=resume,
-        single=single,
+        json_output=json_output,
+        quiet=quiet,
     )
-    if "reused" in summary:
-        emit(summary, render_dataset, json_output, quiet, output)
 
 
 @app.command(epilog=_example("rolloutcli split sample_data/cartpole_gru.h5 -o trajectories.h5 --pad-to longest"))

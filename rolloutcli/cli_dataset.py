@@ -113,3 +113,49 @@ def render_inspect_dataset(console: Any, report: dict[str, Any]) -> None:
     console.print(stats)
     for warning in report["warnings"]:
         console.print(f"warning: {warning}")
+
+
+def derive_command(
+    command: str,
+    files: list[str],
+    output: Path | None,
+    record: dict[str, Any],
+    unit: tuple[Callable[..., dict[str, Any]], tuple[Any, ...]],
+    render: Callable[[Any, dict[str, Any]], None],
+    engine: Any,
+    *,
+    in_place: bool,
+    overwrite: bool,
+    resume: bool,
+    json_output: bool,
+    quiet: bool,
+) -> None:
+    """A per-file command (gae, nstep, returns): ``fn(src, dst, *args, ...)`` with ``unit = (fn, args)`` on one
+    file (``-o OUT.h5`` or ``--in-place``), or on every file of a dataset into the folder ``-o``."""
+    from rolloutcli.cli_common import emit
+    from rolloutcli.render import RichProgress
+
+    fn, args = unit
+    if in_place and output is not None:
+        raise RolloutError(f"{command}: expected either -o OUT.h5 or --in-place, found both.", exit_code=EXIT_USAGE)
+    if in_place and resolve_inputs(files).many:
+        raise RolloutError("--in-place: expected one file, found a dataset; use -o FOLDER.", exit_code=EXIT_USAGE)
+
+    def single(file: Path) -> dict[str, Any]:
+        summary = fn(file, output, *args, overwrite=overwrite, in_place=in_place, progress=RichProgress(quiet))
+        emit(summary, render, json_output, quiet, file if in_place else output)
+        return summary
+
+    summary = per_file(
+        command,
+        files,
+        output,
+        record,
+        lambda src, out: (fn, (src, out, *args)),
+        engine,
+        overwrite=overwrite,
+        resume=resume,
+        single=single,
+    )
+    if "reused" in summary:
+        emit(summary, render_dataset, json_output, quiet, output)

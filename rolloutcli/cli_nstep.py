@@ -6,7 +6,6 @@ Registered on the app by ``cli.py``. The pipeline is imported inside the command
 from __future__ import annotations
 
 import enum
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,12 +18,19 @@ from rolloutcli.cli_common import (
     OverwriteOpt,
     QuietOpt,
     count_option,
-    emit,
     flag,
     run_options,
 )
-from rolloutcli.errors import EXIT_USAGE, RolloutError
-from rolloutcli.render import RichProgress
+from rolloutcli.cli_dataset import (
+    AddressOpt,
+    EngineOpt,
+    FilesArg,
+    LockingOpt,
+    ResumeOpt,
+    WorkersOpt,
+    derive_command,
+    engine_options,
+)
 
 EXAMPLE = "rolloutcli nstep sample_data/cartpole_gru.h5 -o run_nstep.h5 --n 5 --gamma 0.99"
 
@@ -35,7 +41,7 @@ class NStepTimeouts(str, enum.Enum):
 
 
 def nstep(
-    file: Annotated[Path, typer.Argument(metavar="FILE", help="Rollout file (.h5).")],
+    files: FilesArg,
     output: FileOutputOpt = None,
     n: Annotated[int, count_option("--n", text="Rewards per window (K).", metavar="K")] = 5,
     gamma: Annotated[float, typer.Option("--gamma", help="Discount factor.", min=0.0, max=1.0)] = 0.99,
@@ -47,6 +53,11 @@ def nstep(
     ] = NStepTimeouts.final_value,
     in_place: flag("--in-place", text="Add the results to FILE itself (atomically).") = False,
     overwrite: OverwriteOpt = False,
+    resume: ResumeOpt = False,
+    engine: EngineOpt = "local",
+    workers: WorkersOpt = 1,
+    address: AddressOpt = None,
+    hdf5_locking: LockingOpt = None,
     json_output: JsonOpt = False,
     max_memory: MemoryOpt = "1G",
     allow_external: ExternalOpt = False,
@@ -56,12 +67,20 @@ def nstep(
     from rolloutcli.pipeline.nstep import NStepOptions, run_nstep
     from rolloutcli.render_nstep import render_nstep
 
-    if in_place and output is not None:
-        raise RolloutError("nstep: expected either -o OUT.h5 or --in-place, found both.", exit_code=EXIT_USAGE)
     options = NStepOptions(n, gamma, timeouts.value)
     options.check()
-    run = run_options(max_memory, allow_external)
-    summary = run_nstep(
-        file, output, options, run, overwrite=overwrite, in_place=in_place, progress=RichProgress(quiet)
+    run, runner = run_options(max_memory, allow_external), engine_options(engine, workers, address, hdf5_locking)
+    derive_command(
+        "nstep",
+        files,
+        output,
+        {"n": n, "gamma": gamma, "timeouts": timeouts.value},
+        (run_nstep, (options, run)),
+        render_nstep,
+        runner,
+        in_place=in_place,
+        overwrite=overwrite,
+        resume=resume,
+        json_output=json_output,
+        quiet=quiet,
     )
-    emit(summary, render_nstep, json_output, quiet, file if in_place else output)

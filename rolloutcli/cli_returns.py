@@ -5,7 +5,6 @@ Registered on the app by ``cli.py``; the pipeline is imported inside the command
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -18,12 +17,19 @@ from rolloutcli.cli_common import (
     MemoryOpt,
     OverwriteOpt,
     QuietOpt,
-    emit,
     flag,
     run_options,
 )
-from rolloutcli.errors import EXIT_USAGE, RolloutError
-from rolloutcli.render import RichProgress
+from rolloutcli.cli_dataset import (
+    AddressOpt,
+    EngineOpt,
+    FilesArg,
+    LockingOpt,
+    ResumeOpt,
+    WorkersOpt,
+    derive_command,
+    engine_options,
+)
 
 EXAMPLE = "rolloutcli returns sample_data/cartpole_gru.h5 -o run_returns.h5 --gamma 0.99"
 
@@ -44,11 +50,16 @@ def render_returns(console: Console, summary: dict[str, Any]) -> None:
 
 
 def returns(
-    file: Annotated[Path, typer.Argument(metavar="FILE", help="Rollout file (.h5); no values needed.")],
+    files: FilesArg,
     output: FileOutputOpt = None,
     gamma: Annotated[float, typer.Option("--gamma", help="Discount factor.", min=0.0, max=1.0)] = 0.99,
     in_place: flag("--in-place", text="Add the results to FILE itself (atomically).") = False,
     overwrite: OverwriteOpt = False,
+    resume: ResumeOpt = False,
+    engine: EngineOpt = "local",
+    workers: WorkersOpt = 1,
+    address: AddressOpt = None,
+    hdf5_locking: LockingOpt = None,
     json_output: JsonOpt = False,
     max_memory: MemoryOpt = "1G",
     allow_external: ExternalOpt = False,
@@ -58,10 +69,18 @@ def returns(
     returns_truncated (episodes cut by a time-out or the end of the recording)."""
     from rolloutcli.pipeline.returns import run_returns
 
-    if in_place and output is not None:
-        raise RolloutError("returns: expected either -o OUT.h5 or --in-place, found both.", exit_code=EXIT_USAGE)
-    run = run_options(max_memory, allow_external)
-    summary = run_returns(
-        file, output, gamma, run, overwrite=overwrite, in_place=in_place, progress=RichProgress(quiet)
+    run, runner = run_options(max_memory, allow_external), engine_options(engine, workers, address, hdf5_locking)
+    derive_command(
+        "returns",
+        files,
+        output,
+        {"gamma": gamma},
+        (run_returns, (gamma, run)),
+        render_returns,
+        runner,
+        in_place=in_place,
+        overwrite=overwrite,
+        resume=resume,
+        json_output=json_output,
+        quiet=quiet,
     )
-    emit(summary, render_returns, json_output, quiet, file if in_place else output)

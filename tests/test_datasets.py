@@ -91,6 +91,23 @@ def test_gae_on_a_dataset_equals_per_file_runs(cli, runs: Path, tmp_path: Path) 
     assert code == 2 and "output folder inside the input folder" in err and not (runs / "inside").exists()
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["returns", "--gamma", "0.9"], ["nstep", "--n", "3", "--timeouts", "ignore"]],
+    ids=["returns", "nstep"],
+)
+def test_derive_commands_on_a_dataset_equal_per_file_runs(cli, runs: Path, tmp_path: Path, argv: list[str]) -> None:
+    command, options = argv[0], argv[1:]
+    code, _, err = cli(command, runs, "-o", tmp_path / "out", "--workers", "2", *options)
+    assert code == 0, err
+    for name in ("a/r1.h5", "r0.h5", "r2.h5"):
+        assert cli(command, runs / name, "-o", tmp_path / "single.h5", "--overwrite", *options)[0] == 0
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "single.h5").read_bytes()
+    assert json.loads((tmp_path / "out" / "dataset.json").read_text())["command"] == command
+    code, _, err = cli(command, runs, "--in-place", *options)
+    assert code == 2 and err.strip() == "error: --in-place: expected one file, found a dataset; use -o FOLDER."
+
+
 def test_split_on_a_dataset_workers_and_resume(cli, runs: Path, tmp_path: Path) -> None:
     assert cli("split", runs, "-o", tmp_path / "one", "--workers", "1")[0] == 0
     assert cli("split", runs, "-o", tmp_path / "two", "--workers", "2")[0] == 0
