@@ -132,12 +132,9 @@ def inspect(
     if dataset is not None and dataset.many:
         from rolloutcli.pipeline.inspect_dataset import run_inspect_dataset
 
-        if per_dim:
-            raise RolloutError(
-                "--per-dim: expected one file, found a dataset; run it on each file.", exit_code=EXIT_USAGE
-            )
-        report = run_inspect_dataset(dataset, run_options(max_memory, allow_external), RichProgress(quiet))
-        emit(report, render_inspect_dataset, json_output, quiet)
+        run, render = run_options(max_memory, allow_external), render_inspect_dataset
+        report = run_inspect_dataset(dataset, run, RichProgress(quiet), per_dim=per_dim)
+        emit(report, cli_stats.with_per_dim(render) if per_dim else render, json_output, quiet)
     else:
         report = run_inspect(file, run_options(max_memory, allow_external), RichProgress(quiet), per_dim=per_dim)
         emit(report, cli_stats.with_per_dim(render_inspect) if per_dim else render_inspect, json_output, quiet)

@@ -9,13 +9,14 @@ from typing import Annotated, Any
 import typer
 
 from rolloutcli.cli_common import ExternalOpt, JsonOpt, MemoryOpt, OverwriteOpt, QuietOpt, emit, run_options
+from rolloutcli.cli_dataset import FilesArg, resolve_inputs
 from rolloutcli.render import RichProgress
 
 EXAMPLE = "rolloutcli stats sample_data/cartpole_gru.h5 --normalizer obs_norm.pt --group policy"
 
 
 def stats(
-    file: Annotated[Path, typer.Argument(metavar="FILE", help="Rollout file (.h5).")],
+    files: FilesArg,
     normalizer: Annotated[
         Path,
         typer.Option("--normalizer", metavar="OUT.pt", help="Write RSL-RL's EmpiricalNormalization state dict here."),
@@ -32,8 +33,8 @@ def stats(
     """Per-dimension observation statistics as an RSL-RL normalizer (torch.load + load_state_dict)."""
     from rolloutcli.pipeline.normalizer import run_normalizer
 
-    run = run_options(max_memory, allow_external)
-    summary = run_normalizer(file, normalizer, group, run, overwrite=overwrite, progress=RichProgress(quiet))
+    run, dataset = run_options(max_memory, allow_external), resolve_inputs(files)
+    summary = run_normalizer(dataset.files, normalizer, group, run, overwrite=overwrite, progress=RichProgress(quiet))
     emit(summary, _render, json_output, quiet, normalizer)
 
 

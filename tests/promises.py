@@ -138,15 +138,17 @@ def input_from_arrays(
 def d4rl_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Rollout ``arrays`` as a D4RL-style flat file: each env's steps in turn (env-major), observations as a
     group, rewards ``[T*N, 1]``, ``terminals`` and ``timeouts`` from dones and time-outs, ``values`` carried."""
+    def env_major(value: np.ndarray) -> np.ndarray:  # a perturbed array of under 2 dims goes in as it is
+        return value if value.ndim < 2 else np.swapaxes(value, 0, 1).reshape(-1, *value.shape[2:])
+
     flat = {}
     for name in ("observations/policy", "observations/critic", "actions", "rewards", "values"):
         if name in arrays:
-            value = arrays[name]
-            flat[name] = np.swapaxes(value, 0, 1).reshape(-1, *value.shape[2:])
+            flat[name] = env_major(arrays[name])
     if "rewards" in flat:
         flat["rewards"] = flat["rewards"].reshape(-1, 1)
-    dones = np.swapaxes(arrays["dones"], 0, 1).reshape(-1).astype(bool)
-    time_outs = np.swapaxes(arrays["time_outs"], 0, 1).reshape(-1).astype(bool)
+    dones = env_major(arrays["dones"]).reshape(-1).astype(bool)
+    time_outs = env_major(arrays["time_outs"]).reshape(-1).astype(bool)
     flat["terminals"], flat["timeouts"] = dones & ~time_outs, time_outs
     return flat
 

@@ -69,3 +69,26 @@ def test_normalizer_needs_a_known_group(tmp_path: Path, cli) -> None:
         "Pass --group NAME."
     )
     assert not (tmp_path / "n.pt").exists()
+
+
+def test_per_dim_and_normalizer_over_a_dataset_are_those_of_all_rows(tmp_path: Path, cli) -> None:
+    parts = [rollout_arrays(T=9, N=3, seed=1), rollout_arrays(T=14, N=2, seed=2)]
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for i, arrays in enumerate(parts):
+        write_rollout(folder / f"r{i}.h5", arrays)
+    code, out, err = cli("inspect", folder, "--per-dim", "--json", "--max-memory", "2K")
+    assert code == 0, err
+    policy = json.loads(out)["per_dim"]["observations/policy"]
+    rows = np.concatenate([a["observations/policy"].reshape(-1, 4) for a in parts]).astype(np.float64)
+    np.testing.assert_allclose(policy["mean"], rows.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(policy["std"], rows.std(0, ddof=1), rtol=1e-9)
+    assert policy["min"] == rows.min(0).tolist() and policy["max"] == rows.max(0).tolist()
+    code, out, err = cli("stats", folder, "--normalizer", tmp_path / "n.pt", "--json")
+    assert code == 0, err
+    state = torch.load(tmp_path / "n.pt")
+    assert int(state["count"]) == 9 * 3 + 14 * 2 == json.loads(out)["count"]
+    assert torch.equal(state["_mean"], torch.tensor(rows.mean(0), dtype=torch.float64).reshape(1, 4).float())
+    write_rollout(folder / "r2.h5", {**parts[0], "observations/policy": np.zeros((9, 3, 5), np.float32)})
+    code, _, err = cli("stats", folder, "--normalizer", tmp_path / "m.pt")
+    assert code == 1 and "r2.h5" in err and "observations/policy" in err and not (tmp_path / "m.pt").exists()

@@ -20,6 +20,7 @@ from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.inspect import MOMENT_FIELDS, _episodes_report, _scan
 from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.per_dim import merge_scans, per_dim_report, scan_per_dim
 from rolloutcli.pipeline.progress import Progress
 
 
@@ -43,9 +44,15 @@ def _merge(a: EpisodeStats, b: EpisodeStats) -> EpisodeStats:
     return pad[0].merge(pad[1])
 
 
-def run_inspect_dataset(dataset: Dataset, options: RunOptions, progress: Progress | None = None) -> dict[str, Any]:
-    """The dataset report: ``files`` (a row each), ``totals``, merged ``episodes`` and moments, ``warnings``."""
+def run_inspect_dataset(
+    dataset: Dataset, options: RunOptions, progress: Progress | None = None, *, per_dim: bool = False
+) -> dict[str, Any]:
+    """The dataset report: ``files`` (a row each), ``totals``, merged ``episodes`` and moments, ``warnings``;
+    ``per_dim`` adds per-dimension statistics over every file (the files must agree, else exit 1)."""
     progress = progress or Progress()
+    if per_dim:
+        check_agreement(dataset.files, options.safety)
+    scanned = None
     rows, warnings = [], []
     episodes: EpisodeStats | None = None
     moments: dict[str, Moments] = {}
@@ -63,6 +70,8 @@ def run_inspect_dataset(dataset: Dataset, options: RunOptions, progress: Progres
                     {"name": s.name, "role": s.role, "dtype": str(s.dtype)} for s in reader.schema.fields.values()
                 ]
             rows.append(_file_row(path, name, reader, stats, found))
+            if per_dim:
+                scanned = merge_scans(scanned, scan_per_dim(reader, progress))
         warnings.extend(found)
         episodes = stats if episodes is None else _merge(episodes, stats)
         for key, value in values.items():
@@ -87,4 +96,5 @@ def run_inspect_dataset(dataset: Dataset, options: RunOptions, progress: Progres
         "episodes": _episodes_report(episodes),
         **{key: moments[key].as_dict() if key in moments else None for key in MOMENT_FIELDS},
         "warnings": warnings,
+        **({"per_dim": per_dim_report(scanned)} if per_dim else {}),
     }

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rolloutcli.dataset import check_agreement
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.options import RunOptions
-from rolloutcli.pipeline.per_dim import per_dim_report, scan_per_dim
+from rolloutcli.pipeline.per_dim import merge_scans, per_dim_report, scan_per_dim
 from rolloutcli.pipeline.progress import Progress
 
 
@@ -37,7 +39,7 @@ def _group(reader: RolloutReader, group: str | None) -> str:
 
 
 def run_normalizer(
-    src: Path,
+    src: Path | Sequence[Path],
     dst: Path,
     group: str | None,
     run: RunOptions,
@@ -45,16 +47,22 @@ def run_normalizer(
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Write ``dst`` (``torch.save`` of a state dict) from the observations of ``group`` in ``src``."""
+    """Write ``dst`` (``torch.save`` of a state dict) from the observations of ``group`` in ``src`` (a file, or
+    the files of a dataset, which must agree: exact over all of their rows)."""
     import torch
 
     started, progress = time.perf_counter(), progress or Progress()
-    check_output_path(Path(dst), [Path(src)], overwrite=overwrite)
-    with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
-        key = _group(reader, group)
-        label = f"observations/{key}"
-        scanned = scan_per_dim(reader, progress, {label: reader.schema.observation_keys[key]})
-        rows = reader.T * reader.N
+    files = [Path(src)] if isinstance(src, (str, Path)) else [Path(p) for p in src]
+    check_output_path(Path(dst), files, overwrite=overwrite)
+    if len(files) > 1:
+        check_agreement(files, run.safety)
+    scanned, rows = None, 0
+    for path in files:
+        with RolloutReader(path, run.safety, budget=run.max_memory) as reader:
+            key = _group(reader, group)
+            label = f"observations/{key}"
+            scanned = merge_scans(scanned, scan_per_dim(reader, progress, {label: reader.schema.observation_keys[key]}))
+            rows += reader.T * reader.N
     moments, shape = scanned[label]
     mean = [m.as_dict()["mean"] or 0.0 for m in moments.dims]
     var = moments.population_variance()
@@ -65,11 +73,11 @@ def run_normalizer(
         "_std": as_tensor([math.sqrt(v) for v in var]),
         "count": torch.tensor(rows, dtype=torch.long),
     }
-    with atomic_file(Path(dst), inputs=[Path(src)], overwrite=overwrite) as tmp:
+    with atomic_file(Path(dst), inputs=files, overwrite=overwrite) as tmp:
         torch.save(state, tmp)
     report = per_dim_report(scanned)[label]
     return {
-        "input": str(src),
+        "input": str(files[0]) if len(files) == 1 else [str(p) for p in files],
         "output": str(dst),
         "group": key,
         "shape": list(shape),

@@ -30,6 +30,13 @@ def scan_per_dim(reader: RolloutReader, progress: Progress, names: dict[str, str
     return {label: (moments, shapes[label]) for label, moments in result.items()}
 
 
+def merge_scans(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    """Two files' scans as one (exact; the files agree in labels and shapes, see ``dataset.check_agreement``)."""
+    if a is None:
+        return b
+    return {label: (moments.merge(b[label][0]), shape) for label, (moments, shape) in a.items()}
+
+
 def per_dim_report(scanned: dict[str, Any]) -> dict[str, Any]:
     """The JSON form: per label, its shape, the per-dimension lists and the total of non-finite values."""
     report = {}
