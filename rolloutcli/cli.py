@@ -21,33 +21,23 @@ import typer
 from rolloutcli import cli_nstep, cli_plot, cli_stats
 from rolloutcli.cli_batch import batch
 from rolloutcli.cli_common import (
+    Common,
     DeviceOpt,
-    ExternalOpt,
     FileOutputOpt,
     GuardedStdout,
-    JsonOpt,
     LastValues,
-    MemoryOpt,
     OverwriteOpt,
     PadTo,
-    QuietOpt,
     RunState,
     StdoutClosed,
     Timeouts,
     count_option,
-    emit,
     flag,
-    run_options,
+    with_common,
 )
 from rolloutcli.cli_dataset import (
-    AddressOpt,
-    EngineOpt,
     FilesArg,
-    LockingOpt,
-    ResumeOpt,
-    WorkersOpt,
     derive_command,
-    engine_options,
     per_file,
     render_dataset,
     render_inspect_dataset,
@@ -67,7 +57,7 @@ from rolloutcli.errors import (
     out_of_memory,
 )
 from rolloutcli.hdf5.atomic import remove_live_temporaries
-from rolloutcli.render import RichProgress, stderr
+from rolloutcli.render import stderr
 
 
 def _example(command: str) -> str:
@@ -111,14 +101,13 @@ def root(
 
 
 @app.command(epilog=_example("rolloutcli inspect sample_data/cartpole_gru.h5 --json"))
+@with_common()
 def inspect(
     files: FilesArg,
-    json_output: JsonOpt = False,
     strict: flag("--strict", text="Exit 1 when the data has problems.") = False,
     per_dim: flag("--per-dim", text="Per-dimension mean/std/min/max of observations and actions.") = False,
-    max_memory: MemoryOpt = "1G",
-    allow_external: ExternalOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    common: Common,
 ) -> None:
     """Show what a rollout file holds: fields, episodes, reward/value statistics, warnings."""
     from rolloutcli.pipeline.inspect import run_inspect
@@ -132,18 +121,20 @@ def inspect(
     if dataset is not None and dataset.many:
         from rolloutcli.pipeline.inspect_dataset import run_inspect_dataset
 
-        run, render = run_options(max_memory, allow_external), render_inspect_dataset
-        report = run_inspect_dataset(dataset, run, RichProgress(quiet), per_dim=per_dim)
-        emit(report, cli_stats.with_per_dim(render) if per_dim else render, json_output, quiet)
+        report, render = (
+            run_inspect_dataset(dataset, common.run(), common.progress(), per_dim=per_dim),
+            render_inspect_dataset,
+        )
     else:
-        report = run_inspect(file, run_options(max_memory, allow_external), RichProgress(quiet), per_dim=per_dim)
-        emit(report, cli_stats.with_per_dim(render_inspect) if per_dim else render_inspect, json_output, quiet)
+        report, render = run_inspect(file, common.run(), common.progress(), per_dim=per_dim), render_inspect
+    common.emit(report, cli_stats.with_per_dim(render) if per_dim else render)
     if strict and report["warnings"]:
-        where = "run without -q to see them" if quiet and not json_output else "listed above"
+        where = "run without -q to see them" if common.quiet and not common.json_output else "listed above"
         raise RolloutError(f"{file}: --strict: {len(report['warnings'])} warnings ({where}).")
 
 
 @app.command(epilog=_example("rolloutcli gae sample_data/cartpole_gru.h5 -o run_gae.h5 --gamma 0.99 --lam 0.95"))
+@with_common(engine=True, resume=True)
 def gae(
     files: FilesArg,
     output: FileOutputOpt = None,
@@ -174,15 +165,8 @@ def gae(
     ] = LastValues.recorded,
     in_place: flag("--in-place", text="Add the results to FILE itself (atomically).") = False,
     overwrite: OverwriteOpt = False,
-    resume: ResumeOpt = False,
-    engine: EngineOpt = "local",
-    workers: WorkersOpt = 1,
-    address: AddressOpt = None,
-    hdf5_locking: LockingOpt = None,
-    json_output: JsonOpt = False,
-    max_memory: MemoryOpt = "1G",
-    allow_external: ExternalOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    common: Common,
 ) -> None:
     """Compute GAE advantages and returns as RSL-RL does; write FILE + advantages, returns."""
     from dataclasses import asdict
@@ -194,26 +178,16 @@ def gae(
         raise RolloutError(
             "gae: expected either --timeouts or --[no-]bootstrap-timeouts, found both.", exit_code=EXIT_USAGE
         )
-    run, runner = run_options(max_memory, allow_external), engine_options(engine, workers, address, hdf5_locking)
     rule = None if timeouts is None else timeouts.value
     options = GaeOptions(gamma, lam, normalize, bootstrap_timeouts, last_values.value, rule)
+    unit = (run_gae, (options, common.run()))
     derive_command(
-        "gae",
-        files,
-        output,
-        asdict(options),
-        (run_gae, (options, run)),
-        render_gae,
-        runner,
-        in_place=in_place,
-        overwrite=overwrite,
-        resume=resume,
-        json_output=json_output,
-        quiet=quiet,
+        "gae", files, output, asdict(options), unit, render_gae, common, in_place=in_place, overwrite=overwrite
     )
 
 
 @app.command(epilog=_example("rolloutcli split sample_data/cartpole_gru.h5 -o trajectories.h5 --pad-to longest"))
+@with_common(engine=True, resume=True)
 def split(
     files: FilesArg,
     output: FileOutputOpt = None,
@@ -226,16 +200,9 @@ def split(
     ] = None,
     unpad: flag("--unpad", text="Restore the [T, N, ...] rollout from split output.") = False,
     overwrite: OverwriteOpt = False,
-    resume: ResumeOpt = False,
-    engine: EngineOpt = "local",
-    workers: WorkersOpt = 1,
-    address: AddressOpt = None,
-    hdf5_locking: LockingOpt = None,
-    json_output: JsonOpt = False,
     device: DeviceOpt = "auto",
-    max_memory: MemoryOpt = "1G",
-    allow_external: ExternalOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    common: Common,
 ) -> None:
     """Split every per-step field into trajectories at dones, padded as RSL-RL does (or undo it)."""
     from rolloutcli.pipeline.split import SplitOptions, run_split, run_unpad
@@ -243,25 +210,22 @@ def split(
 
     if output is None:
         raise RolloutError("split: expected an output path (-o OUT.h5), found none.", exit_code=EXIT_USAGE)
-    run, runner = (
-        run_options(max_memory, allow_external, device),
-        engine_options(engine, workers, address, hdf5_locking),
-    )
-    options = SplitOptions(pad_to.value, max_length)
+    run, options = common.run(device), SplitOptions(pad_to.value, max_length)
 
     def unit(src: Path, out: Path) -> Any:
         return (run_unpad, (src, out, run)) if unpad else (run_split, (src, out, options, run))
 
     def single(file: Path) -> dict[str, Any]:
         fn, args = unit(file, output)
-        summary = fn(*args, overwrite=overwrite, progress=RichProgress(quiet))
-        emit(summary, render_split, json_output, quiet, output)
+        summary = fn(*args, overwrite=overwrite, progress=common.progress())
+        common.emit(summary, render_split, output)
         return summary
 
     record = {"unpad": True} if unpad else {"pad_to": options.pad_to, "max_length": options.max_length}
-    summary = per_file("split", files, output, record, unit, runner, overwrite=overwrite, resume=resume, single=single)
+    engine, resume = common.engine, common.resume
+    summary = per_file("split", files, output, record, unit, engine, overwrite=overwrite, resume=resume, single=single)
     if "reused" in summary:
-        emit(summary, render_dataset, json_output, quiet, output)
+        common.emit(summary, render_dataset, output)
 
 
 app.command(

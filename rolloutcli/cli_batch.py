@@ -12,30 +12,21 @@ import typer
 
 from rolloutcli.cli_common import (
     MAX_SEED,
+    Common,
     Compression,
-    ExternalOpt,
     FolderOutputOpt,
-    JsonOpt,
-    MemoryOpt,
     OverwriteOpt,
-    QuietOpt,
     count_option,
-    emit,
     flag,
-    run_options,
+    with_common,
 )
 from rolloutcli.cli_dataset import (
-    AddressOpt,
-    EngineOpt,
     FilesArg,
-    LockingOpt,
-    WorkersOpt,
-    engine_options,
     resolve_inputs,
 )
 from rolloutcli.cli_nstep import NStepTimeouts
 from rolloutcli.errors import EXIT_USAGE, RolloutError
-from rolloutcli.render import RichProgress, render_batch
+from rolloutcli.render import render_batch
 
 
 def _groups(observations: str | None) -> tuple[str, ...] | None:
@@ -91,6 +82,7 @@ GroupsOpt = Annotated[
 ]
 
 
+@with_common(engine=True)
 def batch(
     files: FilesArg,
     num_mini_batches: MiniBatchesOpt = None,
@@ -112,14 +104,8 @@ def batch(
     timeouts: TimeoutsOpt = None,
     offline: OfflineOpt = False,
     overwrite: OverwriteOpt = False,
-    engine: EngineOpt = "local",
-    workers: WorkersOpt = 1,
-    address: AddressOpt = None,
-    hdf5_locking: LockingOpt = None,
-    json_output: JsonOpt = False,
-    max_memory: MemoryOpt = "1G",
-    allow_external: ExternalOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    common: Common,
 ) -> None:
     """Export mini-batch shards (one HDF5 file per mini-batch) and a manifest.json into a new folder.
 
@@ -139,8 +125,6 @@ def batch(
         raise RolloutError("batch: expected --recurrent or --distillation, found both.", exit_code=EXIT_USAGE)
     # The export is file I/O and row copies on the CPU (orders are drawn on the CPU so shards are the same
     # on every machine): no --device; ShardDataset picks where batches go.
-    run = run_options(max_memory, allow_external)
-    runner = engine_options(engine, workers, address, hdf5_locking)
     compression = compression and compression.value
     from rolloutcli.pipeline.batch import BatchOptions, HistoryOptions, TransitionOptions, run_batch
 
@@ -194,8 +178,9 @@ def batch(
         )
     dataset = resolve_inputs(files)
     source = list(dataset.files) if dataset.many else dataset.files[0]
-    summary = run_batch(source, output, options, run, overwrite=overwrite, progress=RichProgress(quiet), engine=runner)
-    emit(summary, render_batch, json_output, quiet, output)
+    progress, engine = common.progress(), common.engine
+    summary = run_batch(source, output, options, common.run(), overwrite=overwrite, progress=progress, engine=engine)
+    common.emit(summary, render_batch, output)
 
 
 def _require_mini_batches(num_mini_batches: int | None, mode: str) -> None:

@@ -6,9 +6,13 @@ Choices are enums and ranges are typer's: a bad value is a usage error (exit 2) 
 from __future__ import annotations
 
 import enum
+import functools
+import inspect
 import sys
 import time
+import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -90,6 +94,88 @@ DeviceOpt = Annotated[
     str,
     typer.Option("--device", metavar="DEVICE", help="auto (CUDA when available), cpu, cuda, cuda:<i>."),
 ]
+
+
+EngineOpt = Annotated[str, typer.Option("--engine", metavar="local|ray", help="Run work units locally or on Ray.")]
+WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=1024, help="Processes of the local engine.")]
+AddressOpt = Annotated[
+    str | None, typer.Option("--address", metavar="ADDR", help="--engine ray: cluster address (auto, ray://h:p).")
+]
+LockingOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--hdf5-locking/--no-hdf5-locking",
+        help="HDF5 file locking in every worker (off for network file systems).",
+        show_default=False,
+    ),
+]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue a dataset run's partial output folder.")]
+
+# The option groups `with_common` appends to a command: (parameter, declaration, default).
+_RESUME = [("resume", ResumeOpt, False)]
+_ENGINE = [("engine", EngineOpt, "local"), ("workers", WorkersOpt, 1), ("address", AddressOpt, None)]
+_ENGINE += [("hdf5_locking", LockingOpt, None)]
+_BASE = [("json_output", JsonOpt, False), ("max_memory", MemoryOpt, "1G"), ("allow_external", ExternalOpt, False)]
+_BASE += [("quiet", QuietOpt, False)]
+
+
+@dataclass(frozen=True)
+class Common:
+    """The options every command shares, as one argument ``common`` of the command function."""
+
+    json_output: bool
+    max_memory: str
+    allow_external: bool
+    quiet: bool
+    engine: Any = None  # EngineOptions, checked, for the commands that run datasets on an engine
+    resume: bool = False
+
+    def run(self, device: str = "cpu") -> Any:
+        return run_options(self.max_memory, self.allow_external, device)
+
+    def progress(self) -> Any:
+        from rolloutcli.render import RichProgress
+
+        return RichProgress(self.quiet)
+
+    def emit(self, summary: dict[str, Any], render: Callable[..., None], output: Path | None = None) -> None:
+        emit(summary, render, self.json_output, self.quiet, output)
+
+
+def with_common(*, engine: bool = False, resume: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command function ``fn(..., common: Common)`` the shared options (the engine's, ``--resume``, then
+    ``--json``, ``--max-memory``, ``--allow-external``, ``-q``) as typer parameters after its own."""
+    groups = (_RESUME if resume else []) + (_ENGINE if engine else []) + _BASE
+
+    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
+        hints = typing.get_type_hints(fn, include_extras=True)
+        own = [p.replace(annotation=hints[p.name]) for p in inspect.signature(fn).parameters.values()]
+        own = [p for p in own if p.name != "common"]
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        added = [inspect.Parameter(name, kind, default=default, annotation=ann) for name, ann, default in groups]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> None:
+            shared = {name: kwargs.pop(name) for name, _, _ in groups}
+            if engine:
+                runner = [shared.pop(name) for name, _, _ in _ENGINE]
+                shared["engine"] = engine_options(*runner)
+            fn(**kwargs, common=Common(**shared))
+
+        command.__signature__ = inspect.Signature(own + added)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in own + added}
+        return command
+
+    return wrap
+
+
+def engine_options(engine: str, workers: int, address: str | None, locking: bool | None) -> Any:
+    """The engine options, checked (exit 2)."""
+    from rolloutcli.pipeline.engine import EngineOptions, check_engine
+
+    options = EngineOptions(engine, workers, address, locking)
+    check_engine(options)
+    return options
 
 
 def run_options(max_memory: str, allow_external: bool, device: str = "cpu") -> Any:

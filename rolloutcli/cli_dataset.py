@@ -12,35 +12,13 @@ from typing import Annotated, Any
 
 import typer
 
+from rolloutcli.cli_common import Common
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 
 FilesArg = Annotated[
     list[str],
     typer.Argument(metavar="FILE", help="Rollout files, directories or globs (a dataset: -o names a folder)."),
 ]
-EngineOpt = Annotated[str, typer.Option("--engine", metavar="local|ray", help="Run work units locally or on Ray.")]
-WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=1024, help="Processes of the local engine.")]
-AddressOpt = Annotated[
-    str | None, typer.Option("--address", metavar="ADDR", help="--engine ray: cluster address (auto, ray://h:p).")
-]
-LockingOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--hdf5-locking/--no-hdf5-locking",
-        help="HDF5 file locking in every worker (off for network file systems).",
-        show_default=False,
-    ),
-]
-ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue a dataset run's partial output folder.")]
-
-
-def engine_options(engine: str, workers: int, address: str | None, locking: bool | None) -> Any:
-    """The engine options, checked (exit 2)."""
-    from rolloutcli.pipeline.engine import EngineOptions, check_engine
-
-    options = EngineOptions(engine, workers, address, locking)
-    check_engine(options)
-    return options
 
 
 def resolve_inputs(files: list[str]) -> Any:
@@ -122,19 +100,12 @@ def derive_command(
     record: dict[str, Any],
     unit: tuple[Callable[..., dict[str, Any]], tuple[Any, ...]],
     render: Callable[[Any, dict[str, Any]], None],
-    engine: Any,
-    *,
+    common: Common,
     in_place: bool,
     overwrite: bool,
-    resume: bool,
-    json_output: bool,
-    quiet: bool,
 ) -> None:
     """A per-file command (gae, nstep, returns): ``fn(src, dst, *args, ...)`` with ``unit = (fn, args)`` on one
     file (``-o OUT.h5`` or ``--in-place``), or on every file of a dataset into the folder ``-o``."""
-    from rolloutcli.cli_common import emit
-    from rolloutcli.render import RichProgress
-
     fn, args = unit
     if in_place and output is not None:
         raise RolloutError(f"{command}: expected either -o OUT.h5 or --in-place, found both.", exit_code=EXIT_USAGE)
@@ -142,8 +113,8 @@ def derive_command(
         raise RolloutError("--in-place: expected one file, found a dataset; use -o FOLDER.", exit_code=EXIT_USAGE)
 
     def single(file: Path) -> dict[str, Any]:
-        summary = fn(file, output, *args, overwrite=overwrite, in_place=in_place, progress=RichProgress(quiet))
-        emit(summary, render, json_output, quiet, file if in_place else output)
+        summary = fn(file, output, *args, overwrite=overwrite, in_place=in_place, progress=common.progress())
+        common.emit(summary, render, file if in_place else output)
         return summary
 
     summary = per_file(
@@ -152,10 +123,10 @@ def derive_command(
         output,
         record,
         lambda src, out: (fn, (src, out, *args)),
-        engine,
+        common.engine,
         overwrite=overwrite,
-        resume=resume,
+        resume=common.resume,
         single=single,
     )
     if "reused" in summary:
-        emit(summary, render_dataset, json_output, quiet, output)
+        common.emit(summary, render_dataset, output)

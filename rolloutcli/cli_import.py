@@ -11,17 +11,12 @@ import typer
 from rich.console import Console
 
 from rolloutcli.cli_common import (
-    ExternalOpt,
+    Common,
     FileOutputOpt,
-    JsonOpt,
-    MemoryOpt,
     OverwriteOpt,
-    QuietOpt,
-    emit,
-    run_options,
+    with_common,
 )
 from rolloutcli.errors import EXIT_USAGE, RolloutError
-from rolloutcli.render import RichProgress
 
 
 class Layout(str, enum.Enum):
@@ -41,6 +36,7 @@ def render_import(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"done in {summary['seconds']:.2f} s")
 
 
+@with_common()
 def import_command(
     source: Annotated[
         Path, typer.Argument(metavar="SRC", help="Recording: an HDF5 file, a torch.save file or a Minari folder.")
@@ -48,16 +44,13 @@ def import_command(
     output: FileOutputOpt = None,
     layout: Annotated[Layout, typer.Option("--from", help="The source's layout (auto: recognise it).")] = Layout.auto,
     overwrite: OverwriteOpt = False,
-    json_output: JsonOpt = False,
-    max_memory: MemoryOpt = "1G",
-    allow_external: ExternalOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    common: Common,
 ) -> None:
     """Write a recording of another layout (D4RL, Minari, robomimic, ikostrikov) as a rollout file."""
     from rolloutcli.pipeline.importer import run_import
 
     if output is None:
         raise RolloutError("import: expected an output path (-o OUT.h5), found none.", exit_code=EXIT_USAGE)
-    run = run_options(max_memory, allow_external)
-    summary = run_import(source, output, layout.value, run, overwrite=overwrite, progress=RichProgress(quiet))
-    emit(summary, render_import, json_output, quiet, output)
+    summary = run_import(source, output, layout.value, common.run(), overwrite=overwrite, progress=common.progress())
+    common.emit(summary, render_import, output)

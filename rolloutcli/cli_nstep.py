@@ -11,25 +11,16 @@ from typing import Annotated
 import typer
 
 from rolloutcli.cli_common import (
-    ExternalOpt,
+    Common,
     FileOutputOpt,
-    JsonOpt,
-    MemoryOpt,
     OverwriteOpt,
-    QuietOpt,
     count_option,
     flag,
-    run_options,
+    with_common,
 )
 from rolloutcli.cli_dataset import (
-    AddressOpt,
-    EngineOpt,
     FilesArg,
-    LockingOpt,
-    ResumeOpt,
-    WorkersOpt,
     derive_command,
-    engine_options,
 )
 
 EXAMPLE = "rolloutcli nstep sample_data/cartpole_gru.h5 -o run_nstep.h5 --n 5 --gamma 0.99"
@@ -40,6 +31,7 @@ class NStepTimeouts(str, enum.Enum):
     ignore = "ignore"
 
 
+@with_common(engine=True, resume=True)
 def nstep(
     files: FilesArg,
     output: FileOutputOpt = None,
@@ -53,15 +45,8 @@ def nstep(
     ] = NStepTimeouts.final_value,
     in_place: flag("--in-place", text="Add the results to FILE itself (atomically).") = False,
     overwrite: OverwriteOpt = False,
-    resume: ResumeOpt = False,
-    engine: EngineOpt = "local",
-    workers: WorkersOpt = 1,
-    address: AddressOpt = None,
-    hdf5_locking: LockingOpt = None,
-    json_output: JsonOpt = False,
-    max_memory: MemoryOpt = "1G",
-    allow_external: ExternalOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    common: Common,
 ) -> None:
     """n-step returns for off-policy learning; write FILE + nstep_returns, nstep_discount, nstep_next_step."""
     from rolloutcli.pipeline.nstep import NStepOptions, run_nstep
@@ -69,18 +54,5 @@ def nstep(
 
     options = NStepOptions(n, gamma, timeouts.value)
     options.check()
-    run, runner = run_options(max_memory, allow_external), engine_options(engine, workers, address, hdf5_locking)
-    derive_command(
-        "nstep",
-        files,
-        output,
-        {"n": n, "gamma": gamma, "timeouts": timeouts.value},
-        (run_nstep, (options, run)),
-        render_nstep,
-        runner,
-        in_place=in_place,
-        overwrite=overwrite,
-        resume=resume,
-        json_output=json_output,
-        quiet=quiet,
-    )
+    record, unit = {"n": n, "gamma": gamma, "timeouts": timeouts.value}, (run_nstep, (options, common.run()))
+    derive_command("nstep", files, output, record, unit, render_nstep, common, in_place, overwrite)

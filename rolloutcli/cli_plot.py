@@ -7,32 +7,33 @@ from typing import Annotated, Any
 
 import typer
 
-from rolloutcli.cli_common import ExternalOpt, JsonOpt, MemoryOpt, OverwriteOpt, QuietOpt, emit, run_options
+from rolloutcli.cli_common import (
+    Common,
+    OverwriteOpt,
+    with_common,
+)
 from rolloutcli.errors import EXIT_USAGE, RolloutError
-from rolloutcli.render import RichProgress
 
 EXAMPLE = "rolloutcli plot sample_data/cartpole_gru.h5 -o report.png"
 
 
+@with_common()
 def plot(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="Rollout file (.h5).")],
     output: Annotated[
         Path | None, typer.Option("--output", "-o", metavar="REPORT", help="report.png, report.svg or report.html.")
     ] = None,
     overwrite: OverwriteOpt = False,
-    json_output: JsonOpt = False,
-    max_memory: MemoryOpt = "1G",
-    allow_external: ExternalOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    common: Common,
 ) -> None:
     """Draw episode returns and lengths, distributions, actions, observation ranges, dones per env, padding."""
     from rolloutcli.pipeline.plot import run_plot
 
     if output is None:
         raise RolloutError("plot: expected an output file (-o report.png), found none.", exit_code=EXIT_USAGE)
-    run = run_options(max_memory, allow_external)
-    summary = run_plot(file, output, run, overwrite=overwrite, progress=RichProgress(quiet))
-    emit(summary, _render, json_output, quiet, output)
+    summary = run_plot(file, output, common.run(), overwrite=overwrite, progress=common.progress())
+    common.emit(summary, _render, output)
 
 
 def _render(console: Any, summary: dict[str, Any]) -> None:

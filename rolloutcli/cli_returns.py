@@ -11,24 +11,15 @@ import typer
 from rich.console import Console
 
 from rolloutcli.cli_common import (
-    ExternalOpt,
+    Common,
     FileOutputOpt,
-    JsonOpt,
-    MemoryOpt,
     OverwriteOpt,
-    QuietOpt,
     flag,
-    run_options,
+    with_common,
 )
 from rolloutcli.cli_dataset import (
-    AddressOpt,
-    EngineOpt,
     FilesArg,
-    LockingOpt,
-    ResumeOpt,
-    WorkersOpt,
     derive_command,
-    engine_options,
 )
 
 EXAMPLE = "rolloutcli returns sample_data/cartpole_gru.h5 -o run_returns.h5 --gamma 0.99"
@@ -49,38 +40,21 @@ def render_returns(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"done in {summary['seconds']:.2f} s")
 
 
+@with_common(engine=True, resume=True)
 def returns(
     files: FilesArg,
     output: FileOutputOpt = None,
     gamma: Annotated[float, typer.Option("--gamma", help="Discount factor.", min=0.0, max=1.0)] = 0.99,
     in_place: flag("--in-place", text="Add the results to FILE itself (atomically).") = False,
     overwrite: OverwriteOpt = False,
-    resume: ResumeOpt = False,
-    engine: EngineOpt = "local",
-    workers: WorkersOpt = 1,
-    address: AddressOpt = None,
-    hdf5_locking: LockingOpt = None,
-    json_output: JsonOpt = False,
-    max_memory: MemoryOpt = "1G",
-    allow_external: ExternalOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    common: Common,
 ) -> None:
     """Monte-Carlo discounted returns-to-go per episode, without a critic; write FILE + returns_to_go,
     returns_truncated (episodes cut by a time-out or the end of the recording)."""
     from rolloutcli.pipeline.returns import run_returns
 
-    run, runner = run_options(max_memory, allow_external), engine_options(engine, workers, address, hdf5_locking)
+    unit = (run_returns, (gamma, common.run()))
     derive_command(
-        "returns",
-        files,
-        output,
-        {"gamma": gamma},
-        (run_returns, (gamma, run)),
-        render_returns,
-        runner,
-        in_place=in_place,
-        overwrite=overwrite,
-        resume=resume,
-        json_output=json_output,
-        quiet=quiet,
+        "returns", files, output, {"gamma": gamma}, unit, render_returns, common, in_place=in_place, overwrite=overwrite
     )

@@ -8,13 +8,17 @@ from typing import Annotated, Any
 
 import typer
 
-from rolloutcli.cli_common import ExternalOpt, JsonOpt, MemoryOpt, OverwriteOpt, QuietOpt, emit, run_options
+from rolloutcli.cli_common import (
+    Common,
+    OverwriteOpt,
+    with_common,
+)
 from rolloutcli.cli_dataset import FilesArg, resolve_inputs
-from rolloutcli.render import RichProgress
 
 EXAMPLE = "rolloutcli stats sample_data/cartpole_gru.h5 --normalizer obs_norm.pt --group policy"
 
 
+@with_common()
 def stats(
     files: FilesArg,
     normalizer: Annotated[
@@ -25,17 +29,15 @@ def stats(
         str | None, typer.Option("--group", help="Observation group (default: policy, or the only one).")
     ] = None,
     overwrite: OverwriteOpt = False,
-    json_output: JsonOpt = False,
-    max_memory: MemoryOpt = "1G",
-    allow_external: ExternalOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    common: Common,
 ) -> None:
     """Per-dimension observation statistics as an RSL-RL normalizer (torch.load + load_state_dict)."""
     from rolloutcli.pipeline.normalizer import run_normalizer
 
-    run, dataset = run_options(max_memory, allow_external), resolve_inputs(files)
-    summary = run_normalizer(dataset.files, normalizer, group, run, overwrite=overwrite, progress=RichProgress(quiet))
-    emit(summary, _render, json_output, quiet, normalizer)
+    files_ = resolve_inputs(files).files
+    summary = run_normalizer(files_, normalizer, group, common.run(), overwrite=overwrite, progress=common.progress())
+    common.emit(summary, _render, normalizer)
 
 
 def _render(console: Any, summary: dict[str, Any]) -> None:
