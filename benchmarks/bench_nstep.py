@@ -5,7 +5,8 @@ Run: ``python benchmarks/bench_nstep.py [--quick] [--repeats R]``.
 * Bound: the core must read rewards (float32), dones and time_outs (uint8) and write returns and discount
   (float32) and next_step (int64): 22 bytes per element; bound = T * N * 22 / bandwidth, the bandwidth measured
   in this run the way ``shared/tools/bandwidth.py`` does (best of torch ``copy_`` and ``add(out=)``).
-* Paths: the compiled kernel (``_nstep.c``, where built; what ``nstep_returns`` runs on the CPU) and torch.
+* Paths: the compiled kernel (``_nstep.c``, where built; what ``nstep_returns`` runs on the CPU) with fresh
+  outputs and with ``out=`` buffers (as the bandwidth probe has: no page faults on new memory), and torch.
 * Every time is the minimum over repeats. The host may be shared: compare the columns of one run.
 
 Goal: within 4x of the bound at (1000, 1024), K = 5.
@@ -22,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bandwidth import best_time, measure_bandwidth
 
-from rolloutcli.core.nstep import kernel, nstep_returns, nstep_torch
+from rolloutcli.core.nstep import _DTYPES, NStep, kernel, nstep_returns, nstep_torch
 
 BYTES_PER_ELEMENT = 22
 
@@ -44,7 +45,10 @@ def main() -> None:
         time_outs = dones & (torch.rand(steps, envs, generator=g) < 0.5)
         dones, time_outs = dones.to(torch.uint8), time_outs.to(torch.uint8)
         bound = steps * envs * BYTES_PER_ELEMENT / bandwidth
+        out = NStep(*(torch.empty(steps, envs, dtype=dtype) for dtype in _DTYPES))
         paths = [("compiled", nstep_returns)] if kernel() is not None else []
+        if kernel() is not None:
+            paths.append(("out=", lambda *a, timeouts="final-value", o=out: nstep_returns(*a, out=o)))
         for name, fn in [*paths, ("torch", nstep_torch)]:
             seconds = best_time(lambda f=fn, r=rewards, d=dones, o=time_outs: f(r, d, args.n, 0.99, o), repeats)
             print(

@@ -72,17 +72,43 @@ def test_the_kernel_is_built_where_required():
         assert kernel() is not None
 
 
-def test_compiled_and_torch_paths_agree_on_a_large_rollout():
+@pytest.mark.parametrize("shape", [(300, 700), (40, 2100)])  # 2100 envs: more columns than the kernel's lanes
+def test_compiled_and_torch_paths_agree_on_a_large_rollout(shape):
     g = torch.Generator().manual_seed(5)
-    rewards = torch.randn(300, 700, generator=g)
-    rewards[torch.rand(300, 700, generator=g) < 0.01] = -0.0
-    dones = (torch.rand(300, 700, generator=g) < 0.05).to(torch.uint8)
-    time_outs = dones * (torch.rand(300, 700, generator=g) < 0.5)
+    rewards = torch.randn(*shape, generator=g)
+    rewards[torch.rand(*shape, generator=g) < 0.01] = -0.0
+    dones = (torch.rand(*shape, generator=g) < 0.05).to(torch.uint8)
+    time_outs = dones * (torch.rand(*shape, generator=g) < 0.5)
     for timeouts in ("final-value", "ignore"):
         a = nstep_returns(rewards, dones, 7, 0.97, time_outs, timeouts=timeouts)
         b = nstep_torch(rewards, dones, 7, 0.97, time_outs, timeouts=timeouts)
         for x, y, name in zip(a, b, a._fields, strict=True):
             assert x.numpy().tobytes() == y.numpy().tobytes(), name
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_out_buffers_are_filled_and_returned(compiled, monkeypatch):
+    import rolloutcli.core.nstep as module
+
+    if not compiled:
+        monkeypatch.setattr(module, "kernel", lambda: None)
+    g = torch.Generator().manual_seed(2)
+    rewards, dones = torch.randn(30, 6, generator=g), (torch.rand(30, 6, generator=g) < 0.2).to(torch.uint8)
+    want = nstep_torch(rewards, dones, 4, 0.9)
+    out = module.NStep(*(torch.full((30, 6), 7, dtype=dtype) for dtype in module._DTYPES))
+    got = nstep_returns(rewards, dones, 4, 0.9, out=out)
+    assert all(a is b for a, b in zip(got, out, strict=True))
+    for a, b, name in zip(out, want, want._fields, strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_out_buffers_of_the_wrong_kind_are_refused():
+    rewards, dones = torch.zeros(5, 2), torch.zeros(5, 2)
+    good = nstep_returns(rewards, dones, 2, 0.9)
+    with pytest.raises(ValueError, match=r"out\.next_step: expected torch.int64 \(5, 2\)"):
+        nstep_returns(rewards, dones, 2, 0.9, out=good._replace(next_step=torch.zeros(5, 2)))
+    with pytest.raises(ValueError, match=r"out\.returns: expected a contiguous tensor"):
+        nstep_returns(rewards, dones, 2, 0.9, out=good._replace(returns=torch.zeros(2, 5).T))
 
 
 def test_env_blocks_do_not_change_bytes():

@@ -8,33 +8,63 @@
  *     dist  = steps from t to the next end (dones | time_outs) at or after t, kind = that end's kind
  *             (1 termination, 3 time-out that bootstraps)
  *     m     = min(dist + 1, K');   stop = dist + 1 <= K' ? kind : 0
- *     total = 0;  for k < K':  total = total + (r[t+k] * (float)(k < m)) * w[k]
+ *     total = r[t] + 0;  for 0 < k < K':  total = total + (k < m ? r[t+k] * powers[k] : +0)
  *     returns = total;  discount = stop == 1 ? 0 : powers[m];  next_step = stop ? -1 : t + m;  taken = m
- * the float32 operations of the torch path in its order (r * 0 adds a zero the sum absorbs, as there).
+ * the float32 operations of the torch path in its order (w[0] = 1; the torch path adds (r * 0) * w = +-0 where
+ * this adds +0: the sum is never -0 after its first step, so both leave it as it is).
+ * Every per-lane step is a select between computed values, never a branch or a lookup, so each column loop
+ * vectorises; with GCC or Clang on x86-64 Linux the kernel is also built for AVX2 and the loader picks the widest
+ * the CPU has (IEEE float32 add and multiply: the same bits at every width).
  * Compiled with -ffp-contract=off: a fused multiply-add would round once instead of twice and change bits.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
 #define RESTRICT __restrict__
-#define LANES 256
+#define LANES 1024 /* columns per pass over the steps: whole rows of narrow rollouts, read in order */
 
-EXPORT int rolloutcli_nstep_abi_version(void) { return 1; }
+#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define WIDEST __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef WIDEST
+#define WIDEST
+#endif
+
+EXPORT int rolloutcli_nstep_abi_version(void) { return 2; }
+
+/* x where keep is 1, +0 where it is 0: a bit mask, so the loop stays a vector loop (no FP select) */
+static inline float kept(float x, int32_t keep) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    bits &= (uint32_t)-keep;
+    memcpy(&x, &bits, sizeof bits);
+    return x;
+}
+
+static inline uint32_t bits_of(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits;
+}
 
 /* r: [T, stride] float32; dones, time_outs: [T, stride] uint8 0/1 (time_outs may be dones with boot = 0 and
- * has_time_outs = 0); w: [K] float32 weights; powers: [K + 1] float32; outputs [T, stride] (taken: int32).
+ * has_time_outs = 0); powers: [K + 1] float32, powers[k] = float32(gamma^k); outputs [T, stride] (taken: int32).
  * Pointers are already offset to the block's first column. */
-EXPORT void rolloutcli_nstep(const float *RESTRICT r, const uint8_t *RESTRICT dones,
-                             const uint8_t *RESTRICT time_outs, int64_t has_time_outs, int64_t boot, int64_t steps,
-                             int64_t width, int64_t stride, int64_t n, const float *RESTRICT w,
-                             const float *RESTRICT powers, float *RESTRICT returns, float *RESTRICT discount,
-                             int64_t *RESTRICT next_step, int32_t *RESTRICT taken) {
+EXPORT WIDEST void rolloutcli_nstep(const float *RESTRICT r, const uint8_t *RESTRICT dones,
+                                    const uint8_t *RESTRICT time_outs, int64_t has_time_outs, int64_t boot,
+                                    int64_t steps, int64_t width, int64_t stride, int64_t n,
+                                    const float *RESTRICT powers, float *RESTRICT returns,
+                                    float *RESTRICT discount, int64_t *RESTRICT next_step, int32_t *RESTRICT taken) {
     /* every lane variable 32 bits wide, so the column loops vectorise without conversions between widths */
     const int32_t to_mask = has_time_outs ? 1 : 0, boot_mask = (has_time_outs && boot) ? 1 : 0;
-    const int32_t far = (int32_t)(n + 1);  /* "no end within reach" */
-    int32_t dist[LANES], kind[LANES], m[LANES];
+    const int32_t far = (int32_t)(n + 1); /* "no end within reach" */
+    int32_t dist[LANES], kind[LANES], m[LANES], stop[LANES];
+    uint32_t power[LANES]; /* the bits of float32 powers[m] */
     for (int64_t c0 = 0; c0 < width; c0 += LANES) {
         const int64_t lanes = (width - c0 < LANES) ? width - c0 : LANES;
         for (int64_t j = 0; j < lanes; j++) {
@@ -43,35 +73,41 @@ EXPORT void rolloutcli_nstep(const float *RESTRICT r, const uint8_t *RESTRICT do
         }
         for (int64_t t = steps - 1; t >= 0; t--) {
             const int64_t row = t * stride + c0;
-            const int64_t kmax = (n < steps - t) ? n : steps - t;
-            const int32_t kmax32 = (int32_t)kmax;
+            const int32_t kmax = (int32_t)((n < steps - t) ? n : steps - t);
             const uint8_t *RESTRICT dd = dones + row;
             const uint8_t *RESTRICT oo = time_outs + row;
+            const float *RESTRICT r0 = r + row;
+            float *RESTRICT total = returns + row;
+            const uint32_t p1 = bits_of(powers[1]);
             for (int64_t j = 0; j < lanes; j++) {
                 const int32_t o = (int32_t)oo[j] & to_mask, e = (int32_t)dd[j] | o;
                 const int32_t later = dist[j] + 1 < far ? dist[j] + 1 : far;
                 dist[j] = e ? 0 : later;
                 kind[j] = e ? (e | ((o & boot_mask) << 1)) : kind[j];
-                const int32_t reach = dist[j] + 1;  /* rewards up to and including the next end */
-                m[j] = reach < kmax32 ? reach : kmax32;
+                const int32_t reach = dist[j] + 1; /* rewards up to and including the next end */
+                m[j] = reach < kmax ? reach : kmax;
+                stop[j] = reach <= kmax ? kind[j] : 0;
+                total[j] = r0[j] + 0.0f;
+                power[j] = p1;
             }
-            float *RESTRICT total = returns + row;
-            for (int64_t j = 0; j < lanes; j++) total[j] = 0.0f;
-            for (int64_t k = 0; k < kmax; k++) {
-                const float *RESTRICT rr = r + row + k * stride;
-                const float wk = w[k];
-                const int32_t k32 = (int32_t)k;
-                /* (k < m) as the sign bit of k - m: a comparison would become a branch and keep the loop scalar */
+            for (int32_t k = 1; k < kmax; k++) {
+                const float *RESTRICT rr = r0 + k * stride;
+                const float wk = powers[k];
+                const uint32_t next_power = bits_of(powers[k + 1]);
                 for (int64_t j = 0; j < lanes; j++) {
-                    const float taking = (float)(int32_t)((uint32_t)(k32 - m[j]) >> 31);
-                    total[j] = total[j] + (rr[j] * taking) * wk;
+                    const int32_t taking = k < m[j];
+                    total[j] = total[j] + kept(rr[j] * wk, taking);
+                    power[j] = taking ? next_power : power[j];
                 }
             }
+            uint32_t *RESTRICT disc = (uint32_t *)(discount + row); /* float32 bits; +0 is all zeros */
+            int64_t *RESTRICT next = next_step + row;
+            int32_t *RESTRICT took = taken + row;
+            const int32_t t32 = (int32_t)t;
             for (int64_t j = 0; j < lanes; j++) {
-                const int32_t stop = (dist[j] + 1 <= kmax32) ? kind[j] : 0;
-                discount[row + j] = stop == 1 ? 0.0f : powers[m[j]];
-                next_step[row + j] = stop ? -1 : t + m[j];
-                taken[row + j] = m[j];
+                disc[j] = stop[j] == 1 ? 0u : power[j];
+                next[j] = (int64_t)(stop[j] ? -1 : t32 + m[j]);
+                took[j] = m[j];
             }
         }
     }

@@ -38,6 +38,9 @@ class NStep(NamedTuple):
     steps: torch.Tensor  # int32
 
 
+_DTYPES = (torch.float32, torch.float32, torch.int64, torch.int32)  # of NStep's fields
+
+
 def nstep_returns(
     rewards: torch.Tensor,
     dones: torch.Tensor,
@@ -46,11 +49,13 @@ def nstep_returns(
     time_outs: torch.Tensor | None = None,
     *,
     timeouts: str = "final-value",
+    out: NStep | None = None,
 ) -> NStep:
     """n-step returns of ``rewards [T, N]`` with episode ends ``dones`` / ``time_outs`` (``[T, N]``, 0/1).
 
     The window of every step is advanced one offset at a time (K passes over the rollout), so the sums run in
-    the same order as a loop over k and the bytes do not depend on how the envs are blocked.
+    the same order as a loop over k and the bytes do not depend on how the envs are blocked. ``out``: optional
+    contiguous ``[T, N]`` buffers (float32, float32, int64, int32) on the inputs' device, filled and returned.
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
@@ -58,9 +63,27 @@ def nstep_returns(
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     if timeouts not in TIMEOUT_RULES:
         raise ValueError(f"timeouts must be one of {TIMEOUT_RULES}, got {timeouts!r}")
+    if out is not None:
+        _check_out(out, rewards)
     if rewards.device.type == "cpu" and kernel() is not None and rewards.numel():
-        return _compiled(rewards, dones, n, gamma, time_outs, timeouts == "final-value")
-    return nstep_torch(rewards, dones, n, gamma, time_outs, timeouts=timeouts)
+        return _compiled(rewards, dones, n, gamma, time_outs, timeouts == "final-value", out)
+    result = nstep_torch(rewards, dones, n, gamma, time_outs, timeouts=timeouts)
+    if out is None:
+        return result
+    for buffer, value in zip(out, result, strict=True):
+        buffer.copy_(value)
+    return out
+
+
+def _check_out(out: NStep, rewards: torch.Tensor) -> None:
+    for name, buffer, dtype in zip(NStep._fields, out, _DTYPES, strict=True):
+        if buffer.shape != rewards.shape or buffer.dtype != dtype or buffer.device != rewards.device:
+            raise ValueError(
+                f"out.{name}: expected {dtype} {tuple(rewards.shape)} on {rewards.device}, found {buffer.dtype} "
+                f"{tuple(buffer.shape)} on {buffer.device}"
+            )
+        if not buffer.is_contiguous():
+            raise ValueError(f"out.{name}: expected a contiguous tensor")
 
 
 def nstep_torch(
@@ -111,10 +134,10 @@ def kernel() -> ctypes.CDLL | None:
     except ImportError:
         return None
     lib = ctypes.CDLL(_nstep_native.__file__)  # a CDLL call releases the GIL: threads run column blocks
-    if lib.rolloutcli_nstep_abi_version() != 1:
+    if lib.rolloutcli_nstep_abi_version() != 2:
         return None
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    lib.rolloutcli_nstep.argtypes = [pointer] * 3 + [size] * 6 + [pointer] * 6
+    lib.rolloutcli_nstep.argtypes = [pointer] * 3 + [size] * 6 + [pointer] * 5
     lib.rolloutcli_nstep.restype = None
     return lib
 
@@ -126,18 +149,23 @@ _LANE = 16
 
 
 def _compiled(
-    rewards: torch.Tensor, dones: torch.Tensor, n: int, gamma: float, time_outs: torch.Tensor | None, boot: bool
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    n: int,
+    gamma: float,
+    time_outs: torch.Tensor | None,
+    boot: bool,
+    result: NStep | None,
 ) -> NStep:
     """The C kernel over column blocks on threads (each column depends on itself alone: the same bits)."""
     steps, envs = rewards.shape
     r = np.ascontiguousarray(rewards.detach().numpy(), dtype=np.float32)
     d = np.ascontiguousarray(dones.detach().numpy() != 0, dtype=np.uint8)
     o = d if time_outs is None else np.ascontiguousarray(time_outs.detach().numpy() != 0, dtype=np.uint8)
-    powers = _powers(gamma, min(n, steps))
-    w = np.array(powers[: min(n, steps)], dtype=np.float32)
-    table = np.array(powers, dtype=np.float32)
-    shape = (steps, envs)
-    out = np.empty(shape, np.float32), np.empty(shape, np.float32), np.empty(shape, np.int64), np.empty(shape, np.int32)
+    table = np.array(_powers(gamma, min(n, steps)), dtype=np.float32)
+    if result is None:
+        result = NStep(*(torch.empty(steps, envs, dtype=dtype) for dtype in _DTYPES))
+    out = [buffer.numpy() for buffer in result]
     lib = kernel()
     assert lib is not None
 
@@ -145,7 +173,7 @@ def _compiled(
         f, b, q = 4 * start, start, 8 * start  # byte offsets of the first column: float32, uint8, int64
         lib.rolloutcli_nstep(
             r.ctypes.data + f, d.ctypes.data + b, o.ctypes.data + b, int(time_outs is not None), int(boot),
-            steps, stop - start, envs, n, w.ctypes.data, table.ctypes.data,
+            steps, stop - start, envs, n, table.ctypes.data,
             out[0].ctypes.data + f, out[1].ctypes.data + f, out[2].ctypes.data + q, out[3].ctypes.data + f,
         )  # fmt: skip
 
@@ -157,7 +185,7 @@ def _compiled(
     else:
         with ThreadPoolExecutor(len(spans)) as pool:
             list(pool.map(lambda span: run(*span), spans))
-    return NStep(*(torch.from_numpy(a) for a in out))
+    return result
 
 
 def _powers(gamma: float, n: int) -> list[float]:
