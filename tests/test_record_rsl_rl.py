@@ -141,3 +141,40 @@ def test_every_other_iteration_and_detach(tmp_path: Path) -> None:
     recorder.detach()
     runner.learn(1)
     assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == ["rollout_000000.h5", "rollout_000002.h5"]
+
+
+def test_failed_publish_is_raised_and_leaves_no_half_file(tmp_path: Path) -> None:
+    from rolloutcli.errors import RolloutError
+
+    torch.manual_seed(0)
+    runner = OnPolicyRunner(FakeEnv(), copy.deepcopy(_config(False)), log_dir=None, device="cpu")
+    (tmp_path / "rec" / "rollout_000001.h5").mkdir(parents=True)  # a folder where iteration 1's file goes
+    recorder = attach(runner, tmp_path / "rec")
+    with pytest.raises(RolloutError, match=r"rollout_000001\.h5") as caught:  # next iteration or learn end
+        runner.learn(3)
+    folder = tmp_path / "rec" / "rollout_000001.h5"
+    assert str(caught.value).startswith(f"{folder}: output is a folder, expected a file path.")
+    assert caught.value.exit_code == 2  # the child's RolloutError, as it was
+    names = sorted(p.name for p in (tmp_path / "rec").iterdir())
+    assert names[:2] == ["rollout_000000.h5", "rollout_000001.h5"] and (tmp_path / "rec" / names[1]).is_dir()
+    assert all(name.startswith("rollout_") and name.endswith(".h5") for name in names)  # no temporaries
+    recorder.detach()
+
+
+def test_writing_process_restarts_after_it_died(tmp_path: Path) -> None:
+    import time
+
+    from rolloutcli.record import worker
+
+    torch.manual_seed(0)
+    runner = OnPolicyRunner(FakeEnv(), copy.deepcopy(_config(False)), log_dir=None, device="cpu")
+    recorder = attach(runner, tmp_path / "rec")
+    runner.learn(1)
+    child = worker._publisher().child
+    child.process.kill()
+    child.process.wait()
+    while child.alive:  # its reader notices the closed pipe
+        time.sleep(0.01)
+    runner.learn(1)
+    assert [p.name for p in recorder.files] == ["rollout_000000.h5", "rollout_000001.h5"]
+    assert worker._publisher().child is not child

@@ -71,20 +71,30 @@ class RslRlRecorder:
     @property
     def files(self) -> list[Path]:
         """The files written so far (waits for those being published; raises the first failure)."""
-        while self._pending:
-            self._files.append(self._pending[0].result())
-            self._pending.pop(0)
+        error = self._settle()
+        if error is not None:
+            raise error
         return list(self._files)
 
-    def _published(self) -> None:
-        """Move the files published by now to ``files``; raise a failure (at the next iteration, not later)."""
-        while self._pending and self._pending[0].done():
-            self._files.append(self._pending[0].result())
-            self._pending.pop(0)
+    def _settle(self, wait: bool = True) -> BaseException | None:
+        """Move the published files (all of them: ``wait``) to ``files``; the first failure, forgotten once
+        returned."""
+        error = None
+        while self._pending and (wait or self._pending[0].done()):
+            future = self._pending.pop(0)
+            if future.exception() is None:
+                self._files.append(future.result())
+            else:
+                error = error or future.exception()
+        return error
 
     def learn(self, *args: Any, **kwargs: Any) -> Any:
-        """The runner's ``learn``; returns once this run's files are published."""
-        result = self._learn(*args, **kwargs)
+        """The runner's ``learn``; returns once this run's files are published (or raises what failed)."""
+        try:
+            result = self._learn(*args, **kwargs)
+        except BaseException:
+            self._settle()  # what was handed over is finished; the exception on its way says what went wrong
+            raise
         self.files  # noqa: B018 - waits, and raises a failed publish
         return result
 
@@ -156,7 +166,9 @@ class RslRlRecorder:
         if self._raw is None:
             self.iteration += 1
             return self._returns(obs)
-        self._published()
+        error = self._settle(wait=False)  # a failure is raised at the next iteration, not later
+        if error is not None:
+            raise error
         critic, captured = self.alg.critic, []
         forward = critic.forward
 
