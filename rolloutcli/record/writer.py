@@ -272,6 +272,7 @@ class RolloutWriter:
             self._file.extend(name.removeprefix("extras:"), start, block[:count])
             if name.startswith(SPARSE):  # rows a later step does not give read as zeros
                 block[:count] = 0
+        self._file.sync_early()
 
     def close(self, last_values: Any = None, last_observations: Any = None, *, background: bool = False) -> Path:
         """Write what is buffered, ``last_values [N]`` and ``last_observations``, and publish the file.
