@@ -123,7 +123,7 @@ class AppendFile:
 
     def pad(self, name: str, steps: int) -> None:
         """Grow ``name`` to ``steps`` steps (zeros)."""
-        dataset = self.file[name]
+        dataset = self._datasets.get(name) or self.file[name]
         if dataset.shape[0] < steps:
             self.out._do(lambda: dataset.resize(steps, axis=0))
 

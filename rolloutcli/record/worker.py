@@ -14,6 +14,8 @@ handed over are published). A failure comes back as the future's exception: a ``
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import functools
 import os
 import pickle
@@ -31,12 +33,16 @@ from rolloutcli.errors import EXIT_IO, RolloutError
 
 _IN_FLIGHT = 2  # recordings handed over and not yet published
 _HEADER = struct.Struct("<Q")
+_PIPE_BYTES = 1 << 20
 
 
-def _send(stream: IO[bytes], message: Any) -> None:
+def _frame(message: Any) -> bytes:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)))
-    stream.write(data)
+    return _HEADER.pack(len(data)) + data
+
+
+def _send(stream: IO[bytes], frame: bytes) -> None:
+    stream.write(frame)
     stream.flush()
 
 
@@ -79,7 +85,10 @@ class _Child:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rolloutcli.record.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
         )
-        self.outbox: queue.Queue[tuple[int, dict[str, Any]] | None] = queue.Queue()
+        if hasattr(fcntl, "F_SETPIPE_SZ"):  # a recording fits in the pipe: the feeding thread writes it at once
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self.process.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
+        self.outbox: queue.Queue[bytes | None] = queue.Queue()
         self.waiting: dict[int, tuple[Path, Future[Path]]] = {}
         self.lock = threading.Lock()
         self.alive = True
@@ -129,7 +138,7 @@ class _Child:
             if alive:
                 self.waiting[ident] = (path, future)
         if alive:
-            self.outbox.put((ident, job))
+            self.outbox.put(_frame((ident, job)))  # pickled here: the feeding thread only writes bytes
         else:
             future.set_exception(
                 RolloutError(f"{path}: the recording process ended; not published.", exit_code=EXIT_IO)
@@ -183,6 +192,8 @@ def publish(job: dict[str, Any]) -> Future[Path]:
 def _serve() -> int:
     """The child: write each recording received on stdin, reply ``(ident, None | (message, exit code))``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the training loop: finish what was handed over
+    with contextlib.suppress(OSError):  # background work: where CPUs are short, the training loop goes first
+        os.nice(10)
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
     requests = os.fdopen(0, "rb")
@@ -198,7 +209,7 @@ def _serve() -> int:
             error = (str(exc), exc.exit_code)
         except Exception as exc:  # reported to the training process, which raises it
             error = (f"{job['writer']['path']}: cannot write the recording ({type(exc).__name__}: {exc}).", EXIT_IO)
-        _send(replies, (ident, error))
+        _send(replies, _frame((ident, error)))
 
 
 if __name__ == "__main__":

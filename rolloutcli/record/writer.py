@@ -246,14 +246,14 @@ class RolloutWriter:
         elif known != (value.shape, value.dtype):
             raise self._error(name, f"{known[1]} {list(known[0])} as at step 0", f"{value.dtype} {list(value.shape)}")
 
-    def _flush(self) -> None:
+    def _flush(self, last: bool = False) -> None:
         """Hand the filled block to the I/O thread, once it has written the previous one (whose buffers are
         then filled next): two blocks at most."""
         if not self._count:
             return
         self._wait_io()
         blocks, start, count = self._blocks, self._start, self._count
-        self._pending = _io_pool().submit(self._write, blocks, start, count)
+        self._pending = _io_pool().submit(self._write, blocks, start, count, not last)
         self._blocks, self._spare = self._spare, blocks
         self._start += count
         self._count = 0
@@ -266,13 +266,15 @@ class RolloutWriter:
                 self.abort()
                 raise
 
-    def _write(self, blocks: dict[str, np.ndarray], start: int, count: int) -> None:
-        """On the I/O thread: write ``count`` rows of every block at ``start``."""
+    def _write(self, blocks: dict[str, np.ndarray], start: int, count: int, more: bool) -> None:
+        """On the I/O thread: write ``count`` rows of every block at ``start`` (``more``: blocks follow, so the
+        disk may start on these now; the last one is left to the publish's fsync)."""
         for name, block in blocks.items():
             self._file.extend(name.removeprefix("extras:"), start, block[:count])
             if name.startswith(SPARSE):  # rows a later step does not give read as zeros
                 block[:count] = 0
-        self._file.sync_early()
+        if more:
+            self._file.sync_early()
 
     def close(self, last_values: Any = None, last_observations: Any = None, *, background: bool = False) -> Path:
         """Write what is buffered, ``last_values [N]`` and ``last_observations``, and publish the file.
@@ -302,7 +304,7 @@ class RolloutWriter:
                 value = to_numpy(group)
                 self._check_one(f"last_observations/{key}", value, self.num_envs)
                 extra[f"last_observations/{key}"] = value
-        self._flush()
+        self._flush(last=True)
         self.closed = True
         self._pending = _io_pool().submit(self._finish, extra, self._pending)
         if not background:
