@@ -192,8 +192,6 @@ def publish(job: dict[str, Any]) -> Future[Path]:
 def _serve() -> int:
     """The child: write each recording received on stdin, reply ``(ident, None | (message, exit code))``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the training loop: finish what was handed over
-    with contextlib.suppress(OSError):  # background work: where CPUs are short, the training loop goes first
-        os.nice(10)
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
     requests = os.fdopen(0, "rb")
