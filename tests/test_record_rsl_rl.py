@@ -178,3 +178,24 @@ def test_writing_process_restarts_after_it_died(tmp_path: Path) -> None:
     runner.learn(1)
     assert [p.name for p in recorder.files] == ["rollout_000000.h5", "rollout_000001.h5"]
     assert worker._publisher().child is not child
+
+
+def test_ctrl_c_in_the_loop_keeps_the_finished_files(tmp_path: Path) -> None:
+    class Interrupted(FakeEnv):
+        calls = 0
+
+        def step(self, actions: torch.Tensor):
+            Interrupted.calls += 1
+            if Interrupted.calls == 2 * T + 3:  # in the third iteration's rollout
+                raise KeyboardInterrupt
+            return super().step(actions)
+
+    torch.manual_seed(0)
+    runner = OnPolicyRunner(Interrupted(), copy.deepcopy(_config(False)), log_dir=None, device="cpu")
+    recorder = attach(runner, tmp_path / "rec")
+    with pytest.raises(KeyboardInterrupt):
+        runner.learn(5)
+    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == ["rollout_000000.h5", "rollout_000001.h5"]
+    assert [p.name for p in recorder.files] == ["rollout_000000.h5", "rollout_000001.h5"]
+    for path in recorder.files:
+        assert RolloutStorage.from_hdf5(path).rewards.shape == (T, N, 1)
