@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import functools
 import os
 import pickle
@@ -30,6 +29,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from rolloutcli.errors import EXIT_IO, RolloutError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: the pipe keeps its size
+    fcntl = None  # type: ignore[assignment]
 
 _IN_FLIGHT = 2  # recordings handed over and not yet published
 _HEADER = struct.Struct("<Q")
