@@ -48,8 +48,10 @@ class FakeEnv(VecEnv):
         return self.get_observations(), rewards, dones.long(), {"time_outs": time_outs}
 
 
-def _config(rnn: bool) -> dict:
-    model = {"class_name": "RNNModel", "rnn_type": "gru", "rnn_hidden_dim": 8} if rnn else {"class_name": "MLPModel"}
+def _config(rnn: bool | str) -> dict:
+    """``rnn``: False (MLP), "gru" or "lstm" (True: "gru")."""
+    kind = "gru" if rnn is True else rnn
+    model = {"class_name": "RNNModel", "rnn_type": kind, "rnn_hidden_dim": 8} if kind else {"class_name": "MLPModel"}
     actor = {**model, "hidden_dims": [16], "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": 1.0}}
     return {
         "num_steps_per_env": T,
@@ -63,7 +65,7 @@ def _config(rnn: bool) -> dict:
     }
 
 
-def _run(tmp_path: Path, rnn: bool, record: bool, iterations: int = 3):
+def _run(tmp_path: Path, rnn: bool | str, record: bool, iterations: int = 3):
     torch.manual_seed(0)
     runner = OnPolicyRunner(FakeEnv(), copy.deepcopy(_config(rnn)), log_dir=None, device="cpu")
     captured = []
@@ -74,6 +76,8 @@ def _run(tmp_path: Path, rnn: bool, record: bool, iterations: int = 3):
         captured.append(
             {"returns": st.returns.clone(), "advantages": st.advantages.clone(), "rewards": st.rewards.clone()}
         )
+        for net, saved in (("actor", st.saved_hidden_state_a), ("critic", st.saved_hidden_state_c)):
+            captured[-1][net] = [part.clone() for part in saved or ()]
         return original()
 
     runner.alg.update = update
@@ -83,8 +87,8 @@ def _run(tmp_path: Path, rnn: bool, record: bool, iterations: int = 3):
     return params, captured, recorder
 
 
-@pytest.mark.parametrize("rnn", [False, True], ids=["mlp", "gru"])
-def test_hook_is_invisible_and_files_reproduce_rsl_rl(tmp_path: Path, cli, rnn: bool) -> None:
+@pytest.mark.parametrize("rnn", [False, "gru", "lstm"])
+def test_hook_is_invisible_and_files_reproduce_rsl_rl(tmp_path: Path, cli, rnn: bool | str) -> None:
     plain, storage_plain, _ = _run(tmp_path, rnn, record=False)
     hooked, storage, recorder = _run(tmp_path, rnn, record=True)
     assert all(torch.equal(a, b) for a, b in zip(plain, hooked, strict=True))
@@ -98,9 +102,19 @@ def test_hook_is_invisible_and_files_reproduce_rsl_rl(tmp_path: Path, cli, rnn: 
             assert attrs["recorder"] == "rolloutcli.record.rsl_rl" and attrs["rsl_rl_version"] == "5.5.1"
             assert attrs["gamma"] == 0.98 and attrs["lam"] == 0.9 and not attrs["timeouts_bootstrapped"]
             assert list(handle["distribution"].attrs["order"]) == ["mean", "std"]
-            assert ("hidden_states" in handle) is rnn
-            if rnn and it == 0:
-                assert not handle["hidden_states/actor/0"][0].any()  # RSL-RL's state was None: zeros
+            assert ("hidden_states" in handle) is bool(rnn)
+            if rnn:  # LSTM: (h, c) as parts 0 and 1, like RSL-RL's storage
+                parts = sorted(handle["hidden_states/actor"])
+                assert parts == (["0", "1"] if rnn == "lstm" else ["0"])
+                assert parts == sorted(handle["hidden_states/critic"])
+                for part in parts:
+                    assert handle[f"hidden_states/actor/{part}"].shape == (T, 1, N, 8)
+                    if it == 0:  # RSL-RL's state was None at the first step: zeros
+                        assert not handle[f"hidden_states/actor/{part}"][0].any()
+                    assert handle[f"hidden_states/critic/{part}"][1:].any()
+                    for net in ("actor", "critic"):  # what RSL-RL's storage held, bit for bit
+                        stored = expected[net][int(part)].numpy()
+                        assert handle[f"hidden_states/{net}/{part}"][()].tobytes() == stored.tobytes()
             raw = handle["rewards"][()]
         assert not np.array_equal(raw, expected["rewards"].squeeze(-1).numpy())  # raw, not bootstrapped
         out = tmp_path / f"gae_{it}.h5"
@@ -127,3 +141,61 @@ def test_every_other_iteration_and_detach(tmp_path: Path) -> None:
     recorder.detach()
     runner.learn(1)
     assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == ["rollout_000000.h5", "rollout_000002.h5"]
+
+
+def test_failed_publish_is_raised_and_leaves_no_half_file(tmp_path: Path) -> None:
+    from rolloutcli.errors import RolloutError
+
+    torch.manual_seed(0)
+    runner = OnPolicyRunner(FakeEnv(), copy.deepcopy(_config(False)), log_dir=None, device="cpu")
+    (tmp_path / "rec" / "rollout_000001.h5").mkdir(parents=True)  # a folder where iteration 1's file goes
+    recorder = attach(runner, tmp_path / "rec")
+    with pytest.raises(RolloutError, match=r"rollout_000001\.h5") as caught:  # next iteration or learn end
+        runner.learn(3)
+    folder = tmp_path / "rec" / "rollout_000001.h5"
+    assert str(caught.value).startswith(f"{folder}: output is a folder, expected a file path.")
+    assert caught.value.exit_code == 2  # the child's RolloutError, as it was
+    names = sorted(p.name for p in (tmp_path / "rec").iterdir())
+    assert names[:2] == ["rollout_000000.h5", "rollout_000001.h5"] and (tmp_path / "rec" / names[1]).is_dir()
+    assert all(name.startswith("rollout_") and name.endswith(".h5") for name in names)  # no temporaries
+    recorder.detach()
+
+
+def test_writing_process_restarts_after_it_died(tmp_path: Path) -> None:
+    import time
+
+    from rolloutcli.record import worker
+
+    torch.manual_seed(0)
+    runner = OnPolicyRunner(FakeEnv(), copy.deepcopy(_config(False)), log_dir=None, device="cpu")
+    recorder = attach(runner, tmp_path / "rec")
+    runner.learn(1)
+    child = worker._publisher().child
+    child.process.kill()
+    child.process.wait()
+    while child.alive:  # its reader notices the closed pipe
+        time.sleep(0.01)
+    runner.learn(1)
+    assert [p.name for p in recorder.files] == ["rollout_000000.h5", "rollout_000001.h5"]
+    assert worker._publisher().child is not child
+
+
+def test_ctrl_c_in_the_loop_keeps_the_finished_files(tmp_path: Path) -> None:
+    class Interrupted(FakeEnv):
+        calls = 0
+
+        def step(self, actions: torch.Tensor):
+            Interrupted.calls += 1
+            if Interrupted.calls == 2 * T + 3:  # in the third iteration's rollout
+                raise KeyboardInterrupt
+            return super().step(actions)
+
+    torch.manual_seed(0)
+    runner = OnPolicyRunner(Interrupted(), copy.deepcopy(_config(False)), log_dir=None, device="cpu")
+    recorder = attach(runner, tmp_path / "rec")
+    with pytest.raises(KeyboardInterrupt):
+        runner.learn(5)
+    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == ["rollout_000000.h5", "rollout_000001.h5"]
+    assert [p.name for p in recorder.files] == ["rollout_000000.h5", "rollout_000001.h5"]
+    for path in recorder.files:
+        assert RolloutStorage.from_hdf5(path).rewards.shape == (T, N, 1)

@@ -68,3 +68,37 @@ def test_torchrl_batch_reproduces_its_gae(tmp_path: Path, cli) -> None:
     with h5py.File(tmp_path / "g.h5", "r") as handle:
         np.testing.assert_allclose(handle["returns"][()], target.squeeze(-1).T.numpy(), rtol=0, atol=2e-5)
         np.testing.assert_allclose(handle["advantages"][()], adv.squeeze(-1).T.numpy(), rtol=0, atol=2e-5)
+
+
+def test_real_collector_batch_reproduces_torchrl_gae_module(tmp_path: Path, cli) -> None:
+    """A batch from TorchRL's own ``Collector`` over 3 gymnasium CartPoles (episodes cut at 15 steps by
+    ``StepCounter``: truncations and terminations), valued and advantaged by TorchRL's ``GAE`` module."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.collectors import Collector
+    from torchrl.envs import GymEnv, SerialEnv, StepCounter, TransformedEnv
+    from torchrl.objectives.value import GAE
+
+    torch.manual_seed(0)
+    env = SerialEnv(3, lambda: TransformedEnv(GymEnv("CartPole-v1"), StepCounter(max_steps=15)))
+    env.set_seed(0)
+    collector = Collector(env, None, frames_per_batch=150, total_frames=150)
+    td = next(iter(collector))
+    collector.shutdown()
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    critic = TensorDictModule(net, in_keys=["observation"], out_keys=["state_value"])
+    with torch.no_grad():
+        GAE(gamma=0.99, lmbda=0.95, value_network=critic)(td)  # fills state_value, ("next", state_value)
+    truncated, terminated = td["next", "truncated"].squeeze(-1), td["next", "terminated"].squeeze(-1)
+    assert (truncated & ~terminated).any() and terminated.any()  # both rules are exercised
+    path = write_tensordict(td, tmp_path / "collector.h5", gamma=0.99, lam=0.95)
+    with h5py.File(path, "r") as handle:
+        assert handle["observations/policy"].shape == (50, 3, 4) and handle["actions"].shape == (50, 3, 2)
+        np.testing.assert_array_equal(handle["time_outs"][()], (truncated & ~terminated).T.numpy())
+        done = td["next", "done"].squeeze(-1).T.numpy()
+        final = handle["final_observations/policy"][()]
+        np.testing.assert_array_equal(final[done], td["next", "observation"].transpose(0, 1).numpy()[done])
+    code, _, err = cli("gae", path, "-o", tmp_path / "g.h5", "--timeouts", "final-value", "--no-normalize", "-q")
+    assert code == 0, err
+    with h5py.File(tmp_path / "g.h5", "r") as handle:
+        np.testing.assert_allclose(handle["advantages"][()], td["advantage"].squeeze(-1).T.numpy(), rtol=0, atol=2e-5)
+        np.testing.assert_allclose(handle["returns"][()], td["value_target"].squeeze(-1).T.numpy(), rtol=0, atol=2e-5)

@@ -169,9 +169,15 @@ def test_full_disk_publishes_nothing(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(writer_module, "_BLOCK_BYTES", 1)
     monkeypatch.setattr(append.AppendFile, "extend", full)
     writer = RolloutWriter(tmp_path / "x.h5", num_envs=2)
+    writer.add(_valid())  # the block is written on the I/O thread: its error is raised by the next call
     with pytest.raises(RolloutError, match="No space left"):
         writer.add(_valid())
     assert os.listdir(tmp_path) == [] and writer.closed
+    closing = RolloutWriter(tmp_path / "y.h5", num_envs=2)
+    closing.add(_valid())
+    with pytest.raises(RolloutError, match="No space left"):
+        closing.close(last_values=np.zeros(2, np.float32))
+    assert os.listdir(tmp_path) == [] and closing.closed
 
 
 def test_dropped_writer_leaves_nothing(tmp_path: Path) -> None:

@@ -7,11 +7,15 @@ removes the temporary, so no half file ever sits under the final name.
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import weakref
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 
 from rolloutcli.hdf5.atomic import atomic_file
@@ -19,6 +23,39 @@ from rolloutcli.hdf5.writer import RolloutOutput
 
 COMPRESSIONS = (None, "gzip", "lzf")
 _CHUNK_BYTES = 1 << 20  # chunks of about a MiB: HDF5's sweet spot for sequential writes and compression
+
+
+def _write_rows(dataset: Any, start: int, block: np.ndarray) -> None:
+    """``dataset[start:start + len(block)] = block`` through h5py's low-level call (same bytes, less Python)."""
+    space = dataset.id.get_space()
+    space.select_hyperslab((start,) + (0,) * (block.ndim - 1), block.shape)
+    dataset.id.write(h5py.h5s.create_simple(block.shape), space, np.ascontiguousarray(block))
+
+
+@functools.cache
+def _sync_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-sync")
+
+
+class _EarlySync:
+    """``fdatasync`` of a file being written, on a thread of its own (the GIL released), one at a time: the disk
+    writes the blocks while the next ones are written, so the fsync before the publish only waits for the last
+    ones (durability still comes from that fsync; an early one's failure is left for it to report)."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd: int | None = os.open(path, os.O_RDONLY)
+        self.running: Future[None] | None = None
+
+    def start(self) -> None:
+        if self.fd is not None and (self.running is None or self.running.done()):
+            self.running = _sync_pool().submit(os.fdatasync, self.fd)
+
+    def close(self) -> None:
+        if self.running is not None:
+            wait([self.running])
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _abort(stack: contextlib.ExitStack) -> None:
@@ -39,23 +76,28 @@ class AppendFile:
         try:
             tmp = stack.enter_context(atomic_file(self.dst, overwrite=overwrite))
             self.out = stack.enter_context(RolloutOutput(tmp, self.dst))
+            self._early = _EarlySync(tmp)
+            stack.callback(self._early.close)  # first out: before the file is closed, fsynced and renamed
         except BaseException:
             _abort(stack)
             raise
         self._stack = stack
+        self._datasets: dict[str, Any] = {}  # name -> the h5py dataset extend() writes
         self._finalizer = weakref.finalize(self, _abort, stack)  # a writer dropped unclosed leaves nothing behind
 
     @property
     def file(self) -> Any:
         return self.out.file
 
-    def _create(self, name: str, block: np.ndarray) -> None:
+    def _create(self, name: str, block: np.ndarray) -> Any:
         row = block[0].nbytes if block.shape[0] else block.itemsize
-        # a first block shorter than a chunk is a whole short recording (the writer flushes full blocks): one
-        # chunk of its length, not a mostly empty MiB per dataset
-        rows = max(1, min(_CHUNK_BYTES // max(row, 1), 1 << 16, block.shape[0]))
+        # chunks of a power of two steps: the writer's blocks (a power of two steps too) cover whole chunks,
+        # which HDF5 writes straight to the file (no chunk cache: each chunk is written once). A first block
+        # shorter than a chunk is a whole short recording: one chunk of its length, not a mostly empty MiB.
+        fit = max(1, min(_CHUNK_BYTES // max(row, 1), 1 << 16))
+        rows = min(1 << (fit.bit_length() - 1), max(1, block.shape[0]))
         self.out._parents(name)
-        self.out._do(
+        dataset = self.out._do(
             lambda: self.file.create_dataset(
                 name,
                 shape=(0, *block.shape[1:]),
@@ -64,23 +106,24 @@ class AppendFile:
                 chunks=(rows, *block.shape[1:]),
                 compression=self.compression,
                 track_times=False,
+                rdcc_nbytes=0,
             )
         )
+        self._datasets[name] = dataset
+        return dataset
 
     def extend(self, name: str, start: int, block: np.ndarray) -> None:
         """Write ``block [k, ...]`` at steps ``[start, start + k)`` of ``name`` (created at its first block;
         steps before it read as zeros)."""
-        if name not in self.file:
-            self._create(name, block)
-        dataset = self.file[name]
+        dataset = self._datasets.get(name) or self._create(name, block)
         stop = start + block.shape[0]
         if dataset.shape[0] < stop:
             self.out._do(lambda: dataset.resize(stop, axis=0))
-        self.out._do(lambda: dataset.__setitem__(slice(start, stop), block))
+        self.out._do(lambda: _write_rows(dataset, start, block))
 
     def pad(self, name: str, steps: int) -> None:
         """Grow ``name`` to ``steps`` steps (zeros)."""
-        dataset = self.file[name]
+        dataset = self._datasets.get(name) or self.file[name]
         if dataset.shape[0] < steps:
             self.out._do(lambda: dataset.resize(steps, axis=0))
 
@@ -91,6 +134,10 @@ class AppendFile:
 
     def set_attrs(self, attrs: Mapping[str, Any], name: str = "") -> None:
         self.out.set_attrs(attrs, name)
+
+    def sync_early(self) -> None:
+        """Have the disk start on what was written so far, while writing goes on (see ``_EarlySync``)."""
+        self._early.start()
 
     def commit(self) -> None:
         """Close the file and publish it at ``dst`` (fsynced, renamed)."""

@@ -1,35 +1,27 @@
 """Record RSL-RL's rollouts: ``attach(runner, out_dir)`` hooks an ``OnPolicyRunner`` (or Isaac Lab's) so that
 every ``every``-th iteration is written as ``out_dir/rollout_<iteration>.h5``, with nothing else changed.
 
-The hook wraps the algorithm's ``process_env_step`` and ``compute_returns`` on the instance (no user
-monkeypatching) and only reads what RSL-RL computed: the transition ``act()`` filled (observations, actions,
-values, log-probs, distribution parameters in RSL-RL's order, hidden states: zeros where RSL-RL's state is
-still None), the env's raw rewards (RSL-RL's storage holds them bootstrapped), ``extras["time_outs"]``
-verbatim, and the critic's output of RSL-RL's own ``last_values`` forward (the critic is run no extra time, so
-training is bit-identical with and without the hook).
+The hook wraps the algorithm's ``process_env_step`` and ``compute_returns`` (and the runner's ``learn``) on the
+instance (no user monkeypatching) and only reads what RSL-RL computed. Per step it copies the env's raw rewards
+(RSL-RL's storage holds them bootstrapped) and ``extras["time_outs"]`` verbatim; at ``compute_returns`` it copies
+the rollout RSL-RL's storage holds (observations, actions, values, log-probs, distribution parameters in RSL-RL's
+order, hidden states: zeros where RSL-RL's state was still None) and the critic's output of RSL-RL's own
+``last_values`` forward (the critic is run no extra time, so training is bit-identical with and without the
+hook), and hands the copy to :mod:`rolloutcli.record.worker`, which writes the file off the training process.
+A failed write is raised at the next iteration; ``learn`` returns once its files are published.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from rolloutcli.record.writer import RolloutWriter
+from rolloutcli.record.worker import publish
 
 RECORDER = "rolloutcli.record.rsl_rl"
-
-
-def _zeros_like(state: Any, fallback: Any) -> Any:
-    """``state``, or zeros shaped as ``fallback`` (the model's state after its first step) where it is None."""
-    import torch
-
-    if state is not None:
-        return state
-    if isinstance(fallback, tuple | list):
-        return tuple(torch.zeros_like(part) for part in fallback)
-    return torch.zeros_like(fallback)
 
 
 def _names(actor: Any, count: int) -> list[str]:
@@ -53,6 +45,11 @@ def _rsl_rl_version() -> str:
         return "unknown"
 
 
+def _host(tensor: Any) -> Any:
+    """A host numpy copy (the training loop overwrites its storage next iteration)."""
+    return tensor.detach().to("cpu", copy=True).numpy()
+
+
 class RslRlRecorder:
     """The hook :func:`attach` installs; ``files`` lists the files written so far."""
 
@@ -60,88 +57,124 @@ class RslRlRecorder:
         if every < 1:
             raise ValueError(f"every: expected a positive number of iterations, found {every}")
         self.runner, self.alg, self.out_dir, self.every = runner, runner.alg, Path(out_dir), every
-        self.compression, self._files, self._closing = compression, [], []
+        self.compression, self._files = compression, []
+        self._pending: list[Future[Path]] = []  # handed to the writing process, in order
+        self._raw: dict[str, list[Any]] | None = None  # each step's raw rewards and time_outs this iteration
+        self._names: list[str] = []
+        self._config = json.dumps(getattr(runner, "cfg", {}), default=repr, sort_keys=True)  # as attached
         self.iteration = int(getattr(runner, "current_learning_iteration", 0))
-        self.writer: RolloutWriter | None = None
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._process, self._returns = self.alg.process_env_step, self.alg.compute_returns
+        self._process, self._returns, self._learn = self.alg.process_env_step, self.alg.compute_returns, runner.learn
         self.alg.process_env_step, self.alg.compute_returns = self.process_env_step, self.compute_returns
+        runner.learn = self.learn
 
     @property
     def files(self) -> list[Path]:
-        """The files written so far (waits for the one being published; raises its error)."""
-        while self._closing:
-            self._files.append(self._closing.pop(0).wait())
+        """The files written so far (waits for those being published; raises the first failure)."""
+        error = self._settle()
+        if error is not None:
+            raise error
         return list(self._files)
+
+    def _settle(self, wait: bool = True) -> BaseException | None:
+        """Move the published files (all of them: ``wait``) to ``files``; the first failure, forgotten once
+        returned."""
+        error = None
+        while self._pending and (wait or self._pending[0].done()):
+            future = self._pending.pop(0)
+            if future.exception() is None:
+                self._files.append(future.result())
+            else:
+                error = error or future.exception()
+        return error
+
+    def learn(self, *args: Any, **kwargs: Any) -> Any:
+        """The runner's ``learn``; returns once this run's files are published (or raises what failed)."""
+        try:
+            result = self._learn(*args, **kwargs)
+        except BaseException:
+            self._settle()  # what was handed over is finished; the exception on its way says what went wrong
+            raise
+        self.files  # noqa: B018 - waits, and raises a failed publish
+        return result
 
     def detach(self) -> None:
         """Remove the hook (an unfinished recording is discarded; published ones are waited for)."""
-        self.files  # noqa: B018 - surfaces a failed background publish
         self.alg.process_env_step, self.alg.compute_returns = self._process, self._returns
-        if self.writer is not None:
-            self.writer.abort()
-            self.writer = None
+        self.runner.learn = self._learn
+        self._raw = None
+        self.files  # noqa: B018 - surfaces a failed background publish
 
     def _attrs(self) -> dict[str, Any]:
-        config = json.dumps(getattr(self.runner, "cfg", {}), default=repr, sort_keys=True)
-        return {"rsl_rl_version": _rsl_rl_version(), "runner_config": config, "iteration": self.iteration}
-
-    def _open(self) -> RolloutWriter:
-        path = self.out_dir / f"rollout_{self.iteration:06d}.h5"
-        return RolloutWriter(
-            path,
-            num_envs=self.alg.storage.num_envs,
-            num_steps=self.alg.storage.num_transitions_per_env,
-            compression=self.compression,
-            gamma=float(self.alg.gamma),
-            lam=float(self.alg.lam),
-            recorder=RECORDER,
-            attrs=self._attrs(),
-            overwrite=True,
-        )
+        return {"rsl_rl_version": _rsl_rl_version(), "runner_config": self._config, "iteration": self.iteration}
 
     def process_env_step(self, obs: Any, rewards: Any, dones: Any, extras: dict[str, Any]) -> Any:
         if self.iteration % self.every == 0:
-            if self.writer is None:
-                self.writer = self._open()
-            self.writer.add(self._step(rewards, dones, extras))
+            self._keep(rewards, extras)
         return self._process(obs, rewards, dones, extras)
 
-    def _step(self, rewards: Any, dones: Any, extras: dict[str, Any]) -> dict[str, Any]:
-        """The step RSL-RL's transition holds, with the env's raw rewards and time-outs."""
-        transition, alg = self.alg.transition, self.alg
-        params = transition.distribution_params or ()
-        step = {
-            "observations": dict(transition.observations.items()),
-            "actions": transition.actions,
-            "rewards": rewards,
-            "dones": dones,
-            "values": transition.values,
-            "actions_log_prob": transition.actions_log_prob,
-            "distribution": dict(zip(_names(alg.actor, len(params)), params, strict=True)),
+    def _keep(self, rewards: Any, extras: dict[str, Any]) -> None:
+        """Copy what RSL-RL's storage will not hold as given: the raw rewards and ``extras["time_outs"]``
+        (verbatim: RSL-RL bootstraps wherever it is set; the env may reuse both buffers)."""
+        if self._raw is None:
+            self._raw = {"rewards": [], "time_outs": []}
+        self._raw["rewards"].append(rewards.clone())
+        time_outs = extras.get("time_outs")
+        self._raw["time_outs"].append(None if time_outs is None else time_outs.clone())
+
+    def _time_outs(self) -> Any:
+        """``[T, N]`` time-outs (zeros at steps whose extras had none), or None when no step had them."""
+        import torch
+
+        kept = self._raw["time_outs"] if self._raw else []
+        like = next((part for part in kept if part is not None), None)
+        if like is None:
+            return None
+        return torch.stack([torch.zeros_like(like) if part is None else part for part in kept])
+
+    def _steps(self) -> dict[str, Any]:
+        """The rollout RSL-RL's storage holds (``[T, ...]``), with the env's raw rewards and time-outs."""
+        import torch
+
+        st, alg, raw = self.alg.storage, self.alg, self._raw
+        assert raw is not None
+        steps: dict[str, Any] = {
+            "observations": {key: _host(value) for key, value in st.observations.items()},
+            "actions": _host(st.actions),
+            "rewards": _host(torch.stack(raw["rewards"])),
+            "dones": _host(st.dones[..., 0]),
+            "values": _host(st.values[..., 0]),
+            "actions_log_prob": _host(st.actions_log_prob[..., 0]),
         }
-        if "time_outs" in extras:
-            step["time_outs"] = extras["time_outs"]  # verbatim: RSL-RL bootstraps wherever it is set
-        actor_state, critic_state = transition.hidden_states or (None, None)
-        hidden = {}
-        if getattr(alg.actor, "is_recurrent", False):
-            hidden["actor"] = _zeros_like(actor_state, alg.actor.get_hidden_state())
-        if getattr(alg.critic, "is_recurrent", False):
-            hidden["critic"] = _zeros_like(critic_state, alg.critic.get_hidden_state())
+        params = st.distribution_params or ()
+        if params:
+            names = self._names or _names(alg.actor, len(params))
+            self._names = names  # the actor's distribution does not change
+            steps["distribution"] = {n: _host(p) for n, p in zip(names, params, strict=True)}
+        time_outs = self._time_outs()
+        if time_outs is not None:
+            steps["time_outs"] = _host(time_outs)
+        hidden = {}  # the storage's rows are zeros where RSL-RL's state was still None
+        for net, saved in (("actor", st.saved_hidden_state_a), ("critic", st.saved_hidden_state_c)):
+            if saved is not None and getattr(getattr(alg, net), "is_recurrent", False):
+                hidden[net] = tuple(_host(part) for part in saved)
         if hidden:
-            step["hidden_states"] = hidden
-        return step
+            steps["hidden_states"] = hidden
+        return steps
 
     def compute_returns(self, obs: Any) -> Any:
-        if self.writer is None:
+        if self._raw is None:
             self.iteration += 1
             return self._returns(obs)
+        error = self._settle(wait=False)  # a failure is raised at the next iteration, not later
+        if error is not None:
+            raise error
         critic, captured = self.alg.critic, []
         forward = critic.forward
 
         def spy(*args: Any, **kwargs: Any) -> Any:  # RSL-RL's own last-values forward, seen once
             out = forward(*args, **kwargs)
-            captured.append(out.detach().clone())
+            captured.append(out)
             return out
 
         critic.forward = spy
@@ -149,11 +182,26 @@ class RslRlRecorder:
             result = self._returns(obs)
         finally:
             del critic.forward
-        writer, self.writer = self.writer, None
-        last = captured[0] if captured else None
-        self.files  # noqa: B018 - one file in flight at a time; an earlier failure surfaces here
-        writer.close(last_values=last, last_observations=dict(obs.items()), background=True)
-        self._closing.append(writer)
+        job = {
+            "writer": {
+                "path": self.out_dir / f"rollout_{self.iteration:06d}.h5",
+                "num_envs": self.alg.storage.num_envs,
+                "num_steps": self.alg.storage.num_transitions_per_env,
+                "compression": self.compression,
+                "gamma": float(self.alg.gamma),
+                "lam": float(self.alg.lam),
+                "recorder": RECORDER,
+                "attrs": self._attrs(),
+                "overwrite": True,
+            },
+            "steps": self._steps(),
+            "close": {
+                "last_values": _host(captured[0]) if captured else None,
+                "last_observations": {key: _host(value) for key, value in obs.items()},
+            },
+        }
+        self._raw = None
+        self._pending.append(publish(job))
         self.iteration += 1
         return result
 

@@ -1,9 +1,11 @@
 """``RolloutWriter``: the one way to write a rollout file from any training loop, one step at a time.
 
 Each :meth:`RolloutWriter.add` takes the step as a dict (or TensorDict) of tensors or arrays on any device,
-checks it against the format (and against the first step: the same fields, shapes and dtypes every step),
-buffers it on the host and writes blocks of steps as it goes (memory stays bounded by one block). The file is
-published atomically by :meth:`RolloutWriter.close`; until then it lives as a temporary beside its name.
+checks it against the format (and against the first step: the same fields, shapes and dtypes every step) and
+copies it into a host block of steps. Full blocks are written on rolloutcli's I/O thread while the loop fills the
+next one (two blocks at most: memory stays bounded); an error there is raised by the next ``add``, ``close`` or
+``wait``. The file is published atomically by :meth:`RolloutWriter.close`; until then it lives as a temporary
+beside its name.
 
 Step fields (per env ``n`` of ``N``, stored ``[T, N, ...]``): ``observations`` (a tensor, stored as the group
 ``policy``, or a dict of groups), ``actions``, ``rewards`` (raw: the env's reward, no time-out bootstrap),
@@ -19,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +41,15 @@ _BLOCK_BYTES = 8 << 20  # buffered steps are written when they reach this size
 
 @functools.cache
 def _io_pool() -> ThreadPoolExecutor:
-    """One thread publishing background closes in order (fsync and rename wait there, not in the loop)."""
+    """One thread writing blocks and publishing files in the order they were handed over (h5py's data writes
+    and the fsync release the GIL there, so the loop goes on meanwhile)."""
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-record")
+
+
+def _capacity(step_bytes: int, num_steps: int | None) -> int:
+    """Steps per block: a power of two (so whole chunks are written, see ``AppendFile``), at most num_steps."""
+    capacity = 1 << max(0, (max(1, _BLOCK_BYTES // max(1, step_bytes))).bit_length() - 1)
+    return min(capacity, num_steps or capacity)
 
 
 @functools.cache
@@ -87,9 +96,10 @@ class RolloutWriter:
             raise ValueError(f"num_envs and num_steps must be positive, found {num_envs} and {num_steps}")
         self.path, self.num_envs, self.num_steps = Path(path), num_envs, num_steps
         self.steps, self.closed = 0, False
-        self._pending: Future[Any] | None = None
+        self._pending: Future[Any] | None = None  # the last job handed to the I/O thread
         self._schema: dict[str, tuple[tuple[int, ...], np.dtype]] = {}  # dataset -> per-step shape, dtype
-        self._blocks: dict[str, np.ndarray] = {}  # dataset -> [capacity, ...] rows not yet written
+        self._blocks: dict[str, np.ndarray] = {}  # dataset -> [capacity, ...] rows being filled
+        self._spare: dict[str, np.ndarray] = {}  # the blocks the I/O thread writes (or wrote) last
         self._capacity, self._count = 0, 0  # rows per block (set at step 0), rows filled
         self._start = 0  # the step of the block's first row
         self._order: list[str] = []
@@ -131,13 +141,13 @@ class RolloutWriter:
         """Check one step of every env and buffer it (see the module docstring for the fields)."""
         if self.closed:
             raise self._error("step", "add() before close()", "add() after close()", "Open a new RolloutWriter.")
+        self._raise_io_error()
         if self.num_steps is not None and self.steps >= self.num_steps:
             raise self._error("step", f"at most num_steps={self.num_steps} steps", "one more")
         arrays = self._flatten(step.to_dict() if hasattr(step, "to_dict") else dict(step))
         self._check(arrays)
         if not self._capacity:
-            capacity = max(1, _BLOCK_BYTES // max(1, sum(a.nbytes for a in arrays.values())))
-            self._capacity = min(capacity, self.num_steps or capacity)
+            self._capacity = _capacity(sum(a.nbytes for a in arrays.values()), self.num_steps)
         for name, value in arrays.items():  # the one copy: the loop may reuse its tensors in place
             if name not in self._blocks:
                 self._blocks[name] = np.zeros((self._capacity, *value.shape), value.dtype)
@@ -145,7 +155,14 @@ class RolloutWriter:
         self._count += 1
         self.steps += 1
         if self._count == self._capacity:
-            self._guard(self._flush)
+            self._flush()
+
+    def _raise_io_error(self) -> None:
+        """Raise what went wrong on the I/O thread (the file is discarded first)."""
+        pending = self._pending
+        if pending is not None and pending.done() and pending.exception() is not None:
+            self.abort()
+            raise pending.exception()  # type: ignore[misc]
 
     def _flatten(self, step: dict[str, Any]) -> dict[str, np.ndarray]:
         """Dataset name -> host array (``[N, ...]``; hidden states ``[layers, N, hidden]``)."""
@@ -229,15 +246,35 @@ class RolloutWriter:
         elif known != (value.shape, value.dtype):
             raise self._error(name, f"{known[1]} {list(known[0])} as at step 0", f"{value.dtype} {list(value.shape)}")
 
-    def _flush(self) -> None:
+    def _flush(self, last: bool = False) -> None:
+        """Hand the filled block to the I/O thread, once it has written the previous one (whose buffers are
+        then filled next): two blocks at most."""
         if not self._count:
             return
-        for name, block in self._blocks.items():
-            self._file.extend(name.removeprefix("extras:"), self._start, block[: self._count])
-            if name.startswith(SPARSE):  # rows a later step does not give read as zeros
-                block[:] = 0
-        self._start += self._count
+        self._wait_io()
+        blocks, start, count = self._blocks, self._start, self._count
+        self._pending = _io_pool().submit(self._write, blocks, start, count, not last)
+        self._blocks, self._spare = self._spare, blocks
+        self._start += count
         self._count = 0
+
+    def _wait_io(self) -> None:
+        if self._pending is not None:
+            try:
+                self._pending.result()
+            except BaseException:
+                self.abort()
+                raise
+
+    def _write(self, blocks: dict[str, np.ndarray], start: int, count: int, more: bool) -> None:
+        """On the I/O thread: write ``count`` rows of every block at ``start`` (``more``: blocks follow, so the
+        disk may start on these now; the last one is left to the publish's fsync)."""
+        for name, block in blocks.items():
+            self._file.extend(name.removeprefix("extras:"), start, block[:count])
+            if name.startswith(SPARSE):  # rows a later step does not give read as zeros
+                block[:count] = 0
+        if more:
+            self._file.sync_early()
 
     def close(self, last_values: Any = None, last_observations: Any = None, *, background: bool = False) -> Path:
         """Write what is buffered, ``last_values [N]`` and ``last_observations``, and publish the file.
@@ -267,21 +304,29 @@ class RolloutWriter:
                 value = to_numpy(group)
                 self._check_one(f"last_observations/{key}", value, self.num_envs)
                 extra[f"last_observations/{key}"] = value
+        self._flush(last=True)
         self.closed = True
-        if background:
-            self._pending = _io_pool().submit(self._guard, lambda: self._finish(extra))
-        else:
-            self._guard(lambda: self._finish(extra))
+        self._pending = _io_pool().submit(self._finish, extra, self._pending)
+        if not background:
+            self._wait_io()
         return self.path
 
     def wait(self) -> Path:
         """The published path, once a background :meth:`close` has finished (raises its error)."""
-        if self._pending is not None:
-            self._pending.result()
+        self._wait_io()
         return self.path
 
-    def _finish(self, extra: dict[str, np.ndarray]) -> None:
-        self._flush()
+    def _finish(self, extra: dict[str, np.ndarray], last: Future[Any] | None) -> None:
+        """On the I/O thread, after the last block: pad, write ``extra`` and publish (or discard on failure)."""
+        try:
+            if last is not None:
+                last.result()  # done (the thread runs jobs in order): raises the last block's error
+            self._finish_file(extra)
+        except BaseException:
+            self._file.abort()
+            raise
+
+    def _finish_file(self, extra: dict[str, np.ndarray]) -> None:
         for name in self._schema:
             self._file.pad(name.removeprefix("extras:"), self.steps)
         for name, value in extra.items():
@@ -291,6 +336,9 @@ class RolloutWriter:
         self._file.commit()
 
     def abort(self) -> None:
-        """Discard the recording: nothing is published."""
+        """Discard the recording: nothing is published (a block being written is waited for first)."""
         self.closed = True
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            wait([pending])
         self._file.abort()
