@@ -1,29 +1,15 @@
 """``python -m rolloutcli`` and the ``rolloutcli`` console script.
 
 ``run`` imports the command line inside a guard, so a Ctrl-C while Python is still starting up (importing
-typer and rich) ends with exit 130 and one line, not a KeyboardInterrupt traceback. A command that reads HDF5
-files starts its metadata probe's helper interpreter first (``probe.start_helper``), so the helper's own start-up
-runs on another CPU while this process imports the command line.
+typer and rich) ends with exit 130 and one line, not a KeyboardInterrupt traceback.
 """
 
 import os
 import sys
 
-# The commands that open HDF5 files (each file's metadata is probed first, in the helper's children).
-READS_FILES = frozenset({"inspect", "gae", "split", "batch", "import", "nstep", "stats", "plot", "returns"})
-
-
-def reads_files(args: list[str]) -> bool:
-    """Whether ``rolloutcli ARGS`` runs a command that opens files (not its help)."""
-    return bool(args) and args[0] in READS_FILES and not {"-h", "--help"}.intersection(args)
-
 
 def run() -> None:
     try:
-        if reads_files(sys.argv[1:]):
-            from rolloutcli.hdf5.probe import start_helper
-
-            start_helper()
         from rolloutcli.cli import main
 
         main()  # ends the process itself; a Ctrl-C before its handlers are in place lands below

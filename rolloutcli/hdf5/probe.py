@@ -108,37 +108,20 @@ _HELPER: _Helper | None = None
 _LOCK = threading.Lock()
 
 
-def start_helper() -> None:
-    """Start this process's helper now, so its own start-up (h5py, numpy) runs on another CPU while this
-    process imports the rest; the first ``probe_metadata`` then finds it ready. Nothing is probed."""
-    if hasattr(os, "fork"):
-        with _LOCK:
-            _helper()
-
-
-def _helper() -> _Helper | None:
-    """This process's live helper, started if needed (``_LOCK`` held); None when none can be started."""
-    global _HELPER
-    if _HELPER is None or _HELPER.owner != os.getpid() or _HELPER.process.poll() is not None:
-        try:
-            _HELPER = _Helper()
-        except OSError:
-            _HELPER = None
-    return _HELPER
-
-
 def _ask(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     """This process's helper's answer (started if needed); None when no helper could answer."""
     global _HELPER
     with _LOCK:
         for _ in range(2):  # a helper that died or got stuck is replaced once
-            helper = _helper()
-            if helper is None:
-                return None
-            answer = helper.ask(request, timeout)
+            if _HELPER is None or _HELPER.owner != os.getpid() or _HELPER.process.poll() is not None:
+                try:
+                    _HELPER = _Helper()
+                except OSError:
+                    return None
+            answer = _HELPER.ask(request, timeout)
             if answer is not None:
                 return answer
-            helper.close()
+            _HELPER.close()
             _HELPER = None
     return None
 
