@@ -289,3 +289,13 @@ def test_plugin_filter_is_unsafe(tmp_path: Path, cli) -> None:
         del f["actions"]
         f.create_dataset("actions", data=np.zeros((7, 2)), chunks=(7, 2), compression=32001, allow_unknown_filter=True)
     _refused(cli, tmp_path, src, 4, "blosc", "h5repack -f NONE")
+
+
+def test_gae_on_an_import_names_returns(tmp_path: Path, cli) -> None:
+    """An imported recording has no critic: gae refuses it and names the command that does work."""
+    out = tmp_path / "out.h5"
+    _import(cli, make_d4rl(tmp_path / "d4rl.hdf5", [3, 4]), out)
+    code, _, err = cli("gae", out, "-o", tmp_path / "g.h5", "--last-values", "zero")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"rolloutcli returns {out} -o OUT.h5" in err, err
+    assert not (tmp_path / "g.h5").exists()
