@@ -183,6 +183,33 @@ def test_small_budget_gives_same_bytes(tmp_path: Path, cli) -> None:
     assert (tmp_path / "a.h5").read_bytes() == (tmp_path / "b.h5").read_bytes()
 
 
+def test_stored_dtypes_come_through_every_block_size(tmp_path: Path, cli) -> None:
+    """Blocks read into one reused buffer keep each dataset's dtype and values: big-endian, half, bool, enum,
+    complex and string rows, whatever ``--max-memory`` cuts them into."""
+    T = 40
+    enum = h5py.enum_dtype({"OFF": 0, "ON": 1}, basetype="i1")
+    src = make_d4rl(tmp_path / "d4rl.hdf5", [15, 25])
+    with h5py.File(src, "a") as f:
+        obs = f["observations"][:]
+        del f["observations"]
+        f.create_dataset("observations", data=obs.astype(">f8"))
+        f["infos/half"] = np.arange(T, dtype=np.float16)
+        f["infos/flag"] = np.arange(T) % 3 == 0
+        f.create_dataset("infos/state", data=(np.arange(T) % 2).astype(np.int8), dtype=enum)
+        f["infos/wave"] = np.arange(T) * (1 - 2j)
+        f["infos/name"] = np.array([f"s{t}".encode() for t in range(T)])
+    _import(cli, src, tmp_path / "a.h5")
+    _import(cli, src, tmp_path / "b.h5", "--max-memory", "1K")
+    assert (tmp_path / "a.h5").read_bytes() == (tmp_path / "b.h5").read_bytes()
+    with h5py.File(src) as f, h5py.File(tmp_path / "b.h5") as out:
+        assert out["observations/policy"].dtype == np.dtype(">f8")
+        assert np.array_equal(out["observations/policy"][:, 0], obs.astype(np.float64))
+        for key in ("half", "flag", "state", "wave", "name"):
+            assert out[f"infos/{key}"].dtype == f[f"infos/{key}"].dtype, key
+            assert np.array_equal(out[f"infos/{key}"][:, 0], f[f"infos/{key}"][:]), key
+        assert h5py.check_enum_dtype(out["infos/state"].dtype) == {"OFF": 0, "ON": 1}
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 
 
@@ -262,3 +289,13 @@ def test_plugin_filter_is_unsafe(tmp_path: Path, cli) -> None:
         del f["actions"]
         f.create_dataset("actions", data=np.zeros((7, 2)), chunks=(7, 2), compression=32001, allow_unknown_filter=True)
     _refused(cli, tmp_path, src, 4, "blosc", "h5repack -f NONE")
+
+
+def test_gae_on_an_import_names_returns(tmp_path: Path, cli) -> None:
+    """An imported recording has no critic: gae refuses it and names the command that does work."""
+    out = tmp_path / "out.h5"
+    _import(cli, make_d4rl(tmp_path / "d4rl.hdf5", [3, 4]), out)
+    code, _, err = cli("gae", out, "-o", tmp_path / "g.h5", "--last-values", "zero")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"rolloutcli returns {out} -o OUT.h5" in err, err
+    assert not (tmp_path / "g.h5").exists()

@@ -119,6 +119,11 @@ class H5Input:
             data = data.astype(data.dtype.newbyteorder("="))
         return data
 
+    def read_into(self, name: str, rows: slice, out: np.ndarray) -> None:
+        """``out[...] = dataset[rows]`` for a numeric dataset and a native-order ``out`` of that shape (libhdf5
+        converts the byte order): a buffer used again for every block is not allocated and faulted in anew."""
+        self.guard(lambda: self.handle[name].read_direct(out, np.s_[rows]), name)
+
 
 class RolloutReader(H5Input):
     """An open, audited, validated rollout file.

@@ -89,7 +89,13 @@ def _check_fields(reader: RolloutReader, options: GaeOptions) -> None:
     fields, recorded = reader.schema.fields, options.last_values == "recorded"
     rule, named = options.rule, "--bootstrap-timeouts" if options.timeouts is None else f"--timeouts {options.rule}"
     missing = [
-        ("values", "values" not in fields, "a dataset [T, N] of V(s_t)", "gae needs the critic's values; record them."),
+        (
+            "values",
+            "values" not in fields,
+            "a dataset [T, N] of V(s_t)",
+            "gae needs the critic's values; record them. Data without a critic (imported, offline): "
+            f"rolloutcli returns {reader.path} -o OUT.h5 gives Monte-Carlo returns-to-go.",
+        ),
         (
             "last_values",
             recorded and "last_values" not in fields,

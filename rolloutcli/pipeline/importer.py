@@ -23,7 +23,7 @@ from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import H5Input
 from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION, DatasetInfo
 from rolloutcli.hdf5.writer import RolloutOutput
-from rolloutcli.layouts import LAYOUTS, Plan, matches, plan_import, recognise, unrecognised
+from rolloutcli.layouts import LAYOUTS, Copy, Plan, matches, plan_import, recognise, unrecognised
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
 
@@ -158,18 +158,36 @@ def run_import(
     }
 
 
+def _row_bytes(source: Any, name: str) -> int:
+    info = source.datasets[name]
+    return math.prod(info.shape[1:]) * info.dtype.itemsize
+
+
+def _read(source: Any, copy: Copy, first: int, rows: int, buffer: np.ndarray) -> np.ndarray:
+    """Rows ``first : first + rows`` of ``copy``; numeric rows of an HDF5 source land in ``buffer`` (reused)."""
+    index = slice(copy.start + first, copy.start + first + rows)
+    dtype = source.datasets[copy.src].dtype
+    if copy.single or not isinstance(source, H5Input) or dtype.kind not in "biufc" or dtype.names:
+        return source.slice(copy.src, (index,))
+    shape = (rows, *source.datasets[copy.src].shape[1:])
+    block = buffer[: rows * _row_bytes(source, copy.src)].view(dtype.newbyteorder("=")).reshape(shape)
+    source.read_into(copy.src, index, block)
+    return block
+
+
 def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: Progress) -> None:
     """Create the datasets, copy the rows in blocks within ``budget`` bytes, add the computed arrays."""
     blocks = []  # (copy, first row, rows): no block holds more than ``budget`` bytes (at least one row)
     for copy in plan.copies:
-        info = source.datasets[copy.src]
-        step = max(1, budget // max(math.prod(info.shape[1:]) * info.dtype.itemsize, 1))
+        step = max(1, budget // max(_row_bytes(source, copy.src), 1))
         blocks += [(copy, first, min(step, copy.count - first)) for first in range(0, copy.count, step)]
     progress.start("import", len(blocks) + 1)
     for name, (shape, dtype) in plan.datasets.items():
         out.create(name, shape, dtype)
+    largest = max((rows * _row_bytes(source, copy.src) for copy, _, rows in blocks), default=0)
+    buffer = np.empty(largest, np.uint8)
     for copy, first, rows in blocks:
-        block = source.slice(copy.src, (slice(copy.start + first, copy.start + first + rows),))
+        block = _read(source, copy, first, rows, buffer)
         target = slice(copy.dst + first, copy.dst + first + rows)
         if copy.single:
             out.write(copy.out, (), block[0])
