@@ -22,17 +22,16 @@ from rolloutcli import cli_nstep, cli_plot, cli_stats
 from rolloutcli.cli_batch import batch
 from rolloutcli.cli_common import (
     Common,
-    DeviceOpt,
     FileOutputOpt,
     GuardedStdout,
     LastValues,
-    OverwriteOpt,
     PadTo,
     RunState,
     StdoutClosed,
     Timeouts,
     count_option,
     flag,
+    need_output,
     with_common,
 )
 from rolloutcli.cli_dataset import (
@@ -134,7 +133,7 @@ def inspect(
 
 
 @app.command(epilog=_example("rolloutcli gae sample_data/cartpole_gru.h5 -o run_gae.h5 --gamma 0.99 --lam 0.95"))
-@with_common(engine=True, resume=True)
+@with_common(in_place=True, overwrite=True, engine=True, resume=True)
 def gae(
     files: FilesArg,
     output: FileOutputOpt = None,
@@ -163,8 +162,6 @@ def gae(
     last_values: Annotated[
         LastValues, typer.Option("--last-values", help="recorded: require the dataset; zero: the end is terminal.")
     ] = LastValues.recorded,
-    in_place: flag("--in-place", text="Add the results to FILE itself (atomically).") = False,
-    overwrite: OverwriteOpt = False,
     *,
     common: Common,
 ) -> None:
@@ -181,13 +178,11 @@ def gae(
     rule = None if timeouts is None else timeouts.value
     options = GaeOptions(gamma, lam, normalize, bootstrap_timeouts, last_values.value, rule)
     unit = (run_gae, (options, common.run()))
-    derive_command(
-        "gae", files, output, asdict(options), unit, render_gae, common, in_place=in_place, overwrite=overwrite
-    )
+    derive_command("gae", files, output, asdict(options), unit, render_gae, common)
 
 
 @app.command(epilog=_example("rolloutcli split sample_data/cartpole_gru.h5 -o trajectories.h5 --pad-to longest"))
-@with_common(engine=True, resume=True)
+@with_common(overwrite=True, device=True, engine=True, resume=True)
 def split(
     files: FilesArg,
     output: FileOutputOpt = None,
@@ -199,8 +194,6 @@ def split(
         count_option("--max-length", metavar="K", text="Cut trajectories at K steps."),
     ] = None,
     unpad: flag("--unpad", text="Restore the [T, N, ...] rollout from split output.") = False,
-    overwrite: OverwriteOpt = False,
-    device: DeviceOpt = "auto",
     *,
     common: Common,
 ) -> None:
@@ -208,9 +201,8 @@ def split(
     from rolloutcli.pipeline.split import SplitOptions, run_split, run_unpad
     from rolloutcli.render import render_split
 
-    if output is None:
-        raise RolloutError("split: expected an output path (-o OUT.h5), found none.", exit_code=EXIT_USAGE)
-    run, options = common.run(device), SplitOptions(pad_to.value, max_length)
+    output = need_output(output, "split", "an output path (-o OUT.h5)")
+    run, options, overwrite = common.run(), SplitOptions(pad_to.value, max_length), common.overwrite
 
     def unit(src: Path, out: Path) -> Any:
         return (run_unpad, (src, out, run)) if unpad else (run_split, (src, out, options, run))

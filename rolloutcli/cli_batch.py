@@ -15,9 +15,9 @@ from rolloutcli.cli_common import (
     Common,
     Compression,
     FolderOutputOpt,
-    OverwriteOpt,
     count_option,
     flag,
+    need_output,
     with_common,
 )
 from rolloutcli.cli_dataset import (
@@ -82,7 +82,7 @@ GroupsOpt = Annotated[
 ]
 
 
-@with_common(engine=True)
+@with_common(overwrite=True, engine=True)
 def batch(
     files: FilesArg,
     num_mini_batches: MiniBatchesOpt = None,
@@ -103,7 +103,6 @@ def batch(
     gamma: GammaOpt = None,
     timeouts: TimeoutsOpt = None,
     offline: OfflineOpt = False,
-    overwrite: OverwriteOpt = False,
     *,
     common: Common,
 ) -> None:
@@ -113,8 +112,7 @@ def batch(
     (never needs advantages); --transitions off-policy transitions; --offline feed-forward rows of a file without
     advantages.
     """
-    if output is None:
-        raise RolloutError("batch: expected an output folder (-o SHARDS/), found none.", exit_code=EXIT_USAGE)
+    output = need_output(output, "batch", "an output folder (-o SHARDS/)")
     if (num_mini_batches is None) == (batch_size is None):
         found = "both" if batch_size is not None else "neither"
         raise RolloutError(
@@ -178,9 +176,7 @@ def batch(
         )
     dataset = resolve_inputs(files)
     source = list(dataset.files) if dataset.many else dataset.files[0]
-    progress, engine = common.progress(), common.engine
-    summary = run_batch(source, output, options, common.run(), overwrite=overwrite, progress=progress, engine=engine)
-    common.emit(summary, render_batch, output)
+    common.write(render_batch, output, run_batch, source, output, options, engine=common.engine)
 
 
 def _require_mini_batches(num_mini_batches: int | None, mode: str) -> None:

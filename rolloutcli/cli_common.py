@@ -111,7 +111,12 @@ LockingOpt = Annotated[
 ]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue a dataset run's partial output folder.")]
 
+InPlaceOpt = flag("--in-place", text="Add the results to FILE itself (atomically).")
+
 # The option groups `with_common` appends to a command: (parameter, declaration, default).
+_IN_PLACE = [("in_place", InPlaceOpt, False)]
+_OVERWRITE = [("overwrite", OverwriteOpt, False)]
+_DEVICE = [("device", DeviceOpt, "auto")]
 _RESUME = [("resume", ResumeOpt, False)]
 _ENGINE = [("engine", EngineOpt, "local"), ("workers", WorkersOpt, 1), ("address", AddressOpt, None)]
 _ENGINE += [("hdf5_locking", LockingOpt, None)]
@@ -129,9 +134,12 @@ class Common:
     quiet: bool
     engine: Any = None  # EngineOptions, checked, for the commands that run datasets on an engine
     resume: bool = False
+    in_place: bool = False
+    overwrite: bool = False
+    device: str = "cpu"  # --device where a command has it; the others compute on the CPU
 
-    def run(self, device: str = "cpu") -> Any:
-        return run_options(self.max_memory, self.allow_external, device)
+    def run(self) -> Any:
+        return run_options(self.max_memory, self.allow_external, self.device)
 
     def progress(self) -> Any:
         from rolloutcli.render import RichProgress
@@ -141,11 +149,29 @@ class Common:
     def emit(self, summary: dict[str, Any], render: Callable[..., None], output: Path | None = None) -> None:
         emit(summary, render, self.json_output, self.quiet, output)
 
+    def write(self, render: Callable[..., None], output: Path, fn: Callable[..., Any], *args: Any, **more: Any) -> Any:
+        """An output command's tail: ``fn(*args, run, overwrite=, progress=, **more)``, then its summary on
+        stdout (``output`` is what it published)."""
+        summary = fn(*args, self.run(), overwrite=self.overwrite, progress=self.progress(), **more)
+        self.emit(summary, render, output)
+        return summary
 
-def with_common(*, engine: bool = False, resume: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give a command function ``fn(..., common: Common)`` the shared options (the engine's, ``--resume``, then
-    ``--json``, ``--max-memory``, ``--allow-external``, ``-q``) as typer parameters after its own."""
-    groups = (_RESUME if resume else []) + (_ENGINE if engine else []) + _BASE
+
+def need_output(output: Path | None, command: str, what: str) -> Path:
+    """``output``, or a usage error (exit 2) naming what ``-o`` should have given."""
+    if output is None:
+        raise RolloutError(f"{command}: expected {what}, found none.", exit_code=EXIT_USAGE)
+    return output
+
+
+def with_common(
+    *, in_place: bool = False, overwrite: bool = False, device: bool = False, engine: bool = False, resume: bool = False
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command function ``fn(..., common: Common)`` the shared options as typer parameters after its own:
+    ``--in-place``, ``--overwrite``, ``--device``, ``--resume``, the engine's, then ``--json``,
+    ``--max-memory``, ``--allow-external``, ``-q``."""
+    wanted = ((in_place, _IN_PLACE), (overwrite, _OVERWRITE), (device, _DEVICE), (resume, _RESUME), (engine, _ENGINE))
+    groups = [option for on, group in wanted if on for option in group] + _BASE
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         hints = typing.get_type_hints(fn, include_extras=True)

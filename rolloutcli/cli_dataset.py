@@ -101,12 +101,11 @@ def derive_command(
     unit: tuple[Callable[..., dict[str, Any]], tuple[Any, ...]],
     render: Callable[[Any, dict[str, Any]], None],
     common: Common,
-    in_place: bool,
-    overwrite: bool,
 ) -> None:
     """A per-file command (gae, nstep, returns): ``fn(src, dst, *args, ...)`` with ``unit = (fn, args)`` on one
     file (``-o OUT.h5`` or ``--in-place``), or on every file of a dataset into the folder ``-o``."""
     fn, args = unit
+    in_place, overwrite = common.in_place, common.overwrite
     if in_place and output is not None:
         raise RolloutError(f"{command}: expected either -o OUT.h5 or --in-place, found both.", exit_code=EXIT_USAGE)
     if in_place and resolve_inputs(files).many:

@@ -10,13 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from rolloutcli.cli_common import (
-    Common,
-    FileOutputOpt,
-    OverwriteOpt,
-    with_common,
-)
-from rolloutcli.errors import EXIT_USAGE, RolloutError
+from rolloutcli.cli_common import Common, FileOutputOpt, need_output, with_common
 
 
 class Layout(str, enum.Enum):
@@ -36,21 +30,18 @@ def render_import(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"done in {summary['seconds']:.2f} s")
 
 
-@with_common()
+@with_common(overwrite=True)
 def import_command(
     source: Annotated[
         Path, typer.Argument(metavar="SRC", help="Recording: an HDF5 file, a torch.save file or a Minari folder.")
     ],
     output: FileOutputOpt = None,
     layout: Annotated[Layout, typer.Option("--from", help="The source's layout (auto: recognise it).")] = Layout.auto,
-    overwrite: OverwriteOpt = False,
     *,
     common: Common,
 ) -> None:
     """Write a recording of another layout (D4RL, Minari, robomimic, ikostrikov) as a rollout file."""
     from rolloutcli.pipeline.importer import run_import
 
-    if output is None:
-        raise RolloutError("import: expected an output path (-o OUT.h5), found none.", exit_code=EXIT_USAGE)
-    summary = run_import(source, output, layout.value, common.run(), overwrite=overwrite, progress=common.progress())
-    common.emit(summary, render_import, output)
+    output = need_output(output, "import", "an output path (-o OUT.h5)")
+    common.write(render_import, output, run_import, source, output, layout.value)

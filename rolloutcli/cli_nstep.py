@@ -10,18 +10,8 @@ from typing import Annotated
 
 import typer
 
-from rolloutcli.cli_common import (
-    Common,
-    FileOutputOpt,
-    OverwriteOpt,
-    count_option,
-    flag,
-    with_common,
-)
-from rolloutcli.cli_dataset import (
-    FilesArg,
-    derive_command,
-)
+from rolloutcli.cli_common import Common, FileOutputOpt, count_option, with_common
+from rolloutcli.cli_dataset import FilesArg, derive_command
 
 EXAMPLE = "rolloutcli nstep sample_data/cartpole_gru.h5 -o run_nstep.h5 --n 5 --gamma 0.99"
 
@@ -31,7 +21,7 @@ class NStepTimeouts(str, enum.Enum):
     ignore = "ignore"
 
 
-@with_common(engine=True, resume=True)
+@with_common(in_place=True, overwrite=True, engine=True, resume=True)
 def nstep(
     files: FilesArg,
     output: FileOutputOpt = None,
@@ -43,8 +33,6 @@ def nstep(
             "--timeouts", help="final-value: bootstrap time-outs from final_observations; ignore: they end episodes."
         ),
     ] = NStepTimeouts.final_value,
-    in_place: flag("--in-place", text="Add the results to FILE itself (atomically).") = False,
-    overwrite: OverwriteOpt = False,
     *,
     common: Common,
 ) -> None:
@@ -55,4 +43,4 @@ def nstep(
     options = NStepOptions(n, gamma, timeouts.value)
     options.check()
     record, unit = {"n": n, "gamma": gamma, "timeouts": timeouts.value}, (run_nstep, (options, common.run()))
-    derive_command("nstep", files, output, record, unit, render_nstep, common, in_place, overwrite)
+    derive_command("nstep", files, output, record, unit, render_nstep, common)

@@ -7,33 +7,25 @@ from typing import Annotated, Any
 
 import typer
 
-from rolloutcli.cli_common import (
-    Common,
-    OverwriteOpt,
-    with_common,
-)
-from rolloutcli.errors import EXIT_USAGE, RolloutError
+from rolloutcli.cli_common import Common, need_output, with_common
 
 EXAMPLE = "rolloutcli plot sample_data/cartpole_gru.h5 -o report.png"
 
 
-@with_common()
+@with_common(overwrite=True)
 def plot(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="Rollout file (.h5).")],
     output: Annotated[
         Path | None, typer.Option("--output", "-o", metavar="REPORT", help="report.png, report.svg or report.html.")
     ] = None,
-    overwrite: OverwriteOpt = False,
     *,
     common: Common,
 ) -> None:
     """Draw episode returns and lengths, distributions, actions, observation ranges, dones per env, padding."""
     from rolloutcli.pipeline.plot import run_plot
 
-    if output is None:
-        raise RolloutError("plot: expected an output file (-o report.png), found none.", exit_code=EXIT_USAGE)
-    summary = run_plot(file, output, common.run(), overwrite=overwrite, progress=common.progress())
-    common.emit(summary, _render, output)
+    output = need_output(output, "plot", "an output file (-o report.png)")
+    common.write(_render, output, run_plot, file, output)
 
 
 def _render(console: Any, summary: dict[str, Any]) -> None:

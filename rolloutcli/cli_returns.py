@@ -10,27 +10,16 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from rolloutcli.cli_common import (
-    Common,
-    FileOutputOpt,
-    OverwriteOpt,
-    flag,
-    with_common,
-)
-from rolloutcli.cli_dataset import (
-    FilesArg,
-    derive_command,
-)
+from rolloutcli.cli_common import Common, FileOutputOpt, with_common
+from rolloutcli.cli_dataset import FilesArg, derive_command
+from rolloutcli.render import derived_header
 
 EXAMPLE = "rolloutcli returns sample_data/cartpole_gru.h5 -o run_returns.h5 --gamma 0.99"
 
 
 def render_returns(console: Console, summary: dict[str, Any]) -> None:
     """Print a ``returns`` summary."""
-    where = "in place" if summary["in_place"] else f"-> {summary['output']}"
-    console.print(
-        f"returns {summary['input']} {where}  (T={summary['T']}, N={summary['N']}, {summary['blocks']} env block(s))"
-    )
+    derived_header(console, "returns", summary)
     stats = summary["returns"]
     console.print(
         f"gamma {summary['gamma']}  rewards from {summary['rewards_from']}  {summary['episodes']} episodes, "
@@ -40,13 +29,11 @@ def render_returns(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"done in {summary['seconds']:.2f} s")
 
 
-@with_common(engine=True, resume=True)
+@with_common(in_place=True, overwrite=True, engine=True, resume=True)
 def returns(
     files: FilesArg,
     output: FileOutputOpt = None,
     gamma: Annotated[float, typer.Option("--gamma", help="Discount factor.", min=0.0, max=1.0)] = 0.99,
-    in_place: flag("--in-place", text="Add the results to FILE itself (atomically).") = False,
-    overwrite: OverwriteOpt = False,
     *,
     common: Common,
 ) -> None:
@@ -55,6 +42,4 @@ def returns(
     from rolloutcli.pipeline.returns import run_returns
 
     unit = (run_returns, (gamma, common.run()))
-    derive_command(
-        "returns", files, output, {"gamma": gamma}, unit, render_returns, common, in_place=in_place, overwrite=overwrite
-    )
+    derive_command("returns", files, output, {"gamma": gamma}, unit, render_returns, common)

@@ -8,17 +8,13 @@ from typing import Annotated, Any
 
 import typer
 
-from rolloutcli.cli_common import (
-    Common,
-    OverwriteOpt,
-    with_common,
-)
+from rolloutcli.cli_common import Common, with_common
 from rolloutcli.cli_dataset import FilesArg, resolve_inputs
 
 EXAMPLE = "rolloutcli stats sample_data/cartpole_gru.h5 --normalizer obs_norm.pt --group policy"
 
 
-@with_common()
+@with_common(overwrite=True)
 def stats(
     files: FilesArg,
     normalizer: Annotated[
@@ -28,16 +24,13 @@ def stats(
     group: Annotated[
         str | None, typer.Option("--group", help="Observation group (default: policy, or the only one).")
     ] = None,
-    overwrite: OverwriteOpt = False,
     *,
     common: Common,
 ) -> None:
     """Per-dimension observation statistics as an RSL-RL normalizer (torch.load + load_state_dict)."""
     from rolloutcli.pipeline.normalizer import run_normalizer
 
-    files_ = resolve_inputs(files).files
-    summary = run_normalizer(files_, normalizer, group, common.run(), overwrite=overwrite, progress=common.progress())
-    common.emit(summary, _render, normalizer)
+    common.write(_render, normalizer, run_normalizer, resolve_inputs(files).files, normalizer, group)
 
 
 def _render(console: Any, summary: dict[str, Any]) -> None:

@@ -270,12 +270,17 @@ def _stats_line(name: str, moments: dict[str, Any]) -> str:
     )
 
 
-def render_gae(console: Console, summary: dict[str, Any]) -> None:
-    """Print a ``gae`` summary: where it went, what was applied, statistics, time."""
+def derived_header(console: Console, command: str, summary: dict[str, Any]) -> None:
+    """The first line of a per-file command's summary (gae, nstep, returns): input, where it went, T, N, blocks."""
     where = "in place" if summary["in_place"] else f"-> {summary['output']}"
     console.print(
-        f"gae {summary['input']} {where}  (T={summary['T']}, N={summary['N']}, {summary['blocks']} env block(s))"
+        f"{command} {summary['input']} {where}  (T={summary['T']}, N={summary['N']}, {summary['blocks']} env block(s))"
     )
+
+
+def render_gae(console: Console, summary: dict[str, Any]) -> None:
+    """Print a ``gae`` summary: where it went, what was applied, statistics, time."""
+    derived_header(console, "gae", summary)
     bootstrap = (
         f"{summary['bootstrapped_rewards']} rewards bootstrapped on time-outs"
         if summary["bootstrapped_by_this_run"]

@@ -7,15 +7,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rolloutcli.render import _num, _stats_line
+from rolloutcli.render import _num, _stats_line, derived_header
 
 
 def render_nstep(console: Console, summary: dict[str, Any]) -> None:
     """Print an ``nstep`` summary: where it went, the windows by how they end, the returns' statistics."""
-    where = "in place" if summary["in_place"] else f"-> {summary['output']}"
-    console.print(
-        f"nstep {summary['input']} {where}  (T={summary['T']}, N={summary['N']}, {summary['blocks']} env block(s))"
-    )
+    derived_header(console, "nstep", summary)
     windows = summary["windows"]
     console.print(
         f"n {summary['n']}  gamma {summary['gamma']}  time-outs: {summary['timeouts']}  rewards: {summary['rewards']}"

@@ -80,3 +80,22 @@ def make_rollout(path: Path, **kwargs: Any) -> Path:
     attrs = kwargs.pop("attrs", None)
     options = kwargs.pop("dataset_options", {})
     return write_rollout(path, rollout_arrays(**kwargs), attrs, **options)
+
+
+def shard_folders(name: str, arrays: dict[str, np.ndarray], modes: dict[str, Any]) -> Any:
+    """A module-scoped pytest fixture: ``arrays`` written as a rollout, exported by ``run_batch`` once per
+    ``mode: BatchOptions`` into a folder of that name; the fixture gives ``{mode: folder}``."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+        from rolloutcli.pipeline.batch import run_batch
+        from rolloutcli.pipeline.options import RunOptions
+
+        root = tmp_path_factory.mktemp(name)
+        src = write_rollout(root / "src.h5", arrays)
+        for mode, options in modes.items():
+            run_batch(src, root / mode, options, RunOptions())
+        return {mode: root / mode for mode in modes}
+
+    return folders

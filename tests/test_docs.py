@@ -9,8 +9,11 @@ from conftest import REPO
 from doc_blocks import blocks, run_blocks
 
 PAGES = sorted((REPO / "docs").glob("*.md"))
+WRITES = {"recording.md": ["my_rollout.h5", "rsl_rollouts/rollout_000000.h5", "sb3_gae.h5", "torchrl_gae.h5"]}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_every_block_runs(page: Path, tmp_path: Path, cli, monkeypatch, request) -> None:
     run_blocks(page, blocks(page), cli, tmp_path, monkeypatch, request)
+    for name in WRITES.get(page.name, []):  # the examples wrote what they say
+        assert (tmp_path / name).is_file(), name

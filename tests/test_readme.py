@@ -43,7 +43,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
 
 def test_every_example_runs(tmp_path: Path, cli, monkeypatch, request) -> None:
     found = blocks(README)[2:]
-    assert sum(language == "python" for language, _ in found) >= 6
+    assert sum(language == "python" for language, _ in found) >= 3
     run_blocks(README, found, cli, tmp_path, monkeypatch, request)
     # the three engines of "Datasets and clusters" wrote the same bytes
     assert (
@@ -51,8 +51,7 @@ def test_every_example_runs(tmp_path: Path, cli, monkeypatch, request) -> None:
         == _tree(tmp_path / "trajectories_pool")
         == _tree(tmp_path / "trajectories_ray")
     )
-    assert (tmp_path / "rsl_rollouts" / "rollout_000000.h5").is_file()
 
 
 def test_readme_is_short() -> None:
-    assert len(README.read_bytes()) < 30_000  # details live in docs/ (tests/test_docs.py)
+    assert len(README.read_bytes()) < 20_000  # details live in docs/ (tests/test_docs.py)

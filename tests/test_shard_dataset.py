@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import torch
-from rollout_factory import write_rollout
+from rollout_factory import shard_folders, write_rollout
 from tensordict import TensorDict
 from test_batching import full_arrays
 from torch.utils.data import DataLoader
@@ -23,19 +22,15 @@ from rolloutcli.pipeline.options import RunOptions
 T, N = 12, 5
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("shards")
-    src = write_rollout(root / "src.h5", full_arrays(T, N, hidden="lstm"))
-    out = {}
-    for mode, options in {
+folders = shard_folders(
+    "shards",
+    full_arrays(T, N, hidden="lstm"),
+    {
         "feedforward": BatchOptions(4, epochs=3, seed=1),
         "recurrent": BatchOptions(2, epochs=2, mode="recurrent", shuffle_envs=True),
         "distillation": BatchOptions(3, mode="distillation"),
-    }.items():
-        out[mode] = root / mode
-        run_batch(src, out[mode], options, RunOptions())
-    return out
+    },
+)
 
 
 def test_dataloader_workers_yield_every_shard_exactly_once(folders) -> None:

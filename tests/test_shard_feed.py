@@ -4,36 +4,30 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import pytest
 import torch
-from rollout_factory import write_rollout
+from rollout_factory import shard_folders
 from test_batching import full_arrays
 from torch.utils.data import DataLoader
 
 from rolloutcli import RolloutError, ShardDataset
 from rolloutcli.core.shuffle import epoch_order
 from rolloutcli.minibatch import Batch
-from rolloutcli.pipeline.batch import BatchOptions, run_batch
-from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.batch import BatchOptions
 
 T, N = 12, 5
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("feed")
-    src = write_rollout(root / "src.h5", full_arrays(T, N, hidden="gru"))
-    out = {}
-    for name, options in {
+folders = shard_folders(
+    "feed",
+    full_arrays(T, N, hidden="gru"),
+    {
         "feedforward": BatchOptions(6, epochs=3, seed=1),
         "recurrent": BatchOptions(5, mode="recurrent"),
         "distillation": BatchOptions(3, mode="distillation", epochs=2),
-    }.items():
-        out[name] = root / name
-        run_batch(src, out[name], options, RunOptions())
-    return out
+    },
+)
 
 
 def rows_of(batch: Batch) -> list[int]:
