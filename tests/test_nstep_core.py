@@ -169,3 +169,18 @@ def test_matches_torchrl_multistep(seed, n):
     terminal = (dones & ~time_outs).gather(0, last)  # TorchRL keeps gamma^m there and says so in "terminated"
     want = torch.where(terminal, 0.0, out["gamma"].T.to(torch.float64))
     torch.testing.assert_close(got.discount.double(), want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bool, torch.int64, torch.float32])
+def test_any_nonzero_flag_is_set(dtype):
+    g = torch.Generator().manual_seed(4)
+    rewards = torch.randn(40, 5, generator=g)
+    ends = torch.rand(40, 5, generator=g) < 0.2
+    want = nstep_torch(rewards, ends.to(torch.uint8), 3, 0.9, ends & (torch.rand(40, 5, generator=g) < 0.5))
+    g = torch.Generator().manual_seed(4)
+    torch.randn(40, 5, generator=g), torch.rand(40, 5, generator=g)
+    outs = ends & (torch.rand(40, 5, generator=g) < 0.5)
+    scale = 1 if dtype == torch.bool else 7  # 7: any nonzero byte means set
+    got = nstep_returns(rewards, (ends * scale).to(dtype), 3, 0.9, (outs * scale).to(dtype))
+    for a, b, name in zip(got, want, want._fields, strict=True):
+        assert torch.equal(a, b), name

@@ -52,7 +52,7 @@ static inline uint32_t bits_of(float x) {
     return bits;
 }
 
-/* r: [T, stride] float32; dones, time_outs: [T, stride] uint8 0/1 (time_outs may be dones with boot = 0 and
+/* r: [T, stride] float32; dones, time_outs: [T, stride] uint8, nonzero = set (time_outs may be dones with boot = 0 and
  * has_time_outs = 0); powers: [K + 1] float32, powers[k] = float32(gamma^k); outputs [T, stride] (taken: int32).
  * Pointers are already offset to the block's first column. */
 EXPORT WIDEST void rolloutcli_nstep(const float *RESTRICT r, const uint8_t *RESTRICT dones,
@@ -80,7 +80,7 @@ EXPORT WIDEST void rolloutcli_nstep(const float *RESTRICT r, const uint8_t *REST
             float *RESTRICT total = returns + row;
             const uint32_t p1 = bits_of(powers[1]);
             for (int64_t j = 0; j < lanes; j++) {
-                const int32_t o = (int32_t)oo[j] & to_mask, e = (int32_t)dd[j] | o;
+                const int32_t o = (int32_t)(oo[j] != 0) & to_mask, e = (int32_t)(dd[j] != 0) | o;
                 const int32_t later = dist[j] + 1 < far ? dist[j] + 1 : far;
                 dist[j] = e ? 0 : later;
                 kind[j] = e ? (e | ((o & boot_mask) << 1)) : kind[j];

@@ -160,8 +160,8 @@ def _compiled(
     """The C kernel over column blocks on threads (each column depends on itself alone: the same bits)."""
     steps, envs = rewards.shape
     r = np.ascontiguousarray(rewards.detach().numpy(), dtype=np.float32)
-    d = np.ascontiguousarray(dones.detach().numpy() != 0, dtype=np.uint8)
-    o = d if time_outs is None else np.ascontiguousarray(time_outs.detach().numpy() != 0, dtype=np.uint8)
+    d = _flags(dones)
+    o = d if time_outs is None else _flags(time_outs)
     table = np.array(_powers(gamma, min(n, steps)), dtype=np.float32)
     if result is None:
         result = NStep(*(torch.empty(steps, envs, dtype=dtype) for dtype in _DTYPES))
@@ -186,6 +186,14 @@ def _compiled(
         with ThreadPoolExecutor(len(spans)) as pool:
             list(pool.map(lambda span: run(*span), spans))
     return result
+
+
+def _flags(flags: torch.Tensor) -> np.ndarray:
+    """One byte per flag, nonzero = set (the kernel reads any nonzero byte as 1): bytes pass as they are."""
+    array = flags.detach().numpy()
+    if array.dtype in (np.uint8, np.int8, np.bool_):
+        return np.ascontiguousarray(array).view(np.uint8)
+    return np.ascontiguousarray(array != 0, dtype=np.uint8)
 
 
 def _powers(gamma: float, n: int) -> list[float]:
