@@ -55,7 +55,8 @@ def nstep_returns(
 
     The window of every step is advanced one offset at a time (K passes over the rollout), so the sums run in
     the same order as a loop over k and the bytes do not depend on how the envs are blocked. ``out``: optional
-    contiguous ``[T, N]`` buffers (float32, float32, int64, int32) on the inputs' device, filled and returned.
+    contiguous ``[T, N]`` buffers (float32, float32, int64, int32) on the inputs' device, not overlapping them,
+    filled and returned.
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
