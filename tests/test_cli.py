@@ -9,7 +9,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
@@ -139,21 +138,26 @@ def test_json_has_no_nan(tmp_path: Path, cli) -> None:
 
 
 def test_time_is_the_whole_command_and_no_rate_for_small_outputs(tmp_path: Path, cli, monkeypatch) -> None:
+    import types
+
+    import rolloutcli.cli_common as cli_common
     import rolloutcli.pipeline.batch as batch_pipeline
 
     gae_out = tmp_path / "g.h5"
     assert cli("gae", SAMPLE, "-o", gae_out, "-q")[0] == 0
     real = batch_pipeline.run_batch
+    clock = [1000.0]  # the command's clock, advanced by hand: no real time is measured
 
-    def slow(*args, **kwargs):  # time spent before the pipeline starts its own clock
-        time.sleep(0.5)
+    def slow(*args, **kwargs):  # 0.5 s spent before the pipeline starts its own clock
+        clock[0] += 0.5
         return real(*args, **kwargs)
 
+    monkeypatch.setattr(cli_common, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(batch_pipeline, "run_batch", slow)
     code, out, _ = cli("batch", gae_out, "-o", tmp_path / "s", "-m", 2)
     assert code == 0
     seconds = float(re.search(r"done in ([0-9.]+) s", out).group(1))
-    assert seconds >= 0.5 and "GB/s" not in out
+    assert seconds == 0.5 and "GB/s" not in out
 
 
 # --------------------------------------------------------------------------------------------- stdout faults
