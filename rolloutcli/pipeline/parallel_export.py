@@ -123,6 +123,16 @@ class _Warm:
             cls.writer = ShardWriter(spec.folder, spec.writer_attrs(), spec.group_attrs, compression=spec.compression)
         return cls.writer
 
+    @classmethod
+    def release(cls) -> None:
+        """Close the kept writer (its threads end) and drop the buffers: what the driver ran in-process is not
+        held after the command."""
+        writer, cls.writer = cls.writer, None
+        if writer is not None:
+            writer.__exit__(None, None, None)
+        cls.shards.clear()
+        cls.buffer = bytearray()
+
 
 def map_block(
     spec: ExportSpec, path: Path, block: tuple[int, int, int, int], offsets: tuple[int, int], tag: str
@@ -182,6 +192,7 @@ def run_parallel(spec: ExportSpec, folder: Path, sources: list[Any], engine: Any
         return _map_reduce(replace(spec, folder=folder), sources, engine)
     finally:
         close_pools()
+        _Warm.release()
 
 
 def _map_reduce(spec: ExportSpec, sources: list[Any], engine: Any) -> dict[str, tuple[int, str]]:
