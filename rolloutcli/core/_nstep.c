@@ -21,10 +21,18 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define EXPORT __attribute__((visibility("default")))
 #define RESTRICT __restrict__
 #define LANES 1024 /* columns per pass over the steps: whole rows of narrow rollouts, read in order */
+/* blocks at least STREAMED wide of a call of at least STREAMED_ELEMENTS are computed in local rows and streamed out;
+ * narrower ones are written in place (the copy costs more than streaming saves), and smaller calls too (their
+ * outputs fit in the caches, where the reader finds them): benchmarks/README.md */
+#define STREAMED 128
+#define STREAMED_ELEMENTS (1 << 18)
 
 #if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
@@ -46,6 +54,21 @@ static inline float kept(float x, int32_t keep) {
     return x;
 }
 
+/* copies a finished output row past the caches (streaming stores: no read of the line before it is written, the
+ * bandwidth bound's traffic); the unaligned head and tail are plain copies */
+static inline void stream_out(void *dst, const void *src, size_t bytes) {
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+#if defined(__SSE2__)
+    const size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    memcpy(d, s, head);
+    d += head, s += head, bytes -= head;
+    for (; bytes >= 16; bytes -= 16, d += 16, s += 16)
+        _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+#endif
+    memcpy(d, s, bytes);
+}
+
 static inline uint32_t bits_of(float x) {
     uint32_t bits;
     memcpy(&bits, &x, sizeof bits);
@@ -63,8 +86,11 @@ EXPORT WIDEST void rolloutcli_nstep(const float *RESTRICT r, const uint8_t *REST
     /* every lane variable 32 bits wide, so the column loops vectorise without conversions between widths */
     const int32_t to_mask = has_time_outs ? 1 : 0, boot_mask = (has_time_outs && boot) ? 1 : 0;
     const int32_t far = (int32_t)(n + 1); /* "no end within reach" */
-    int32_t dist[LANES], kind[LANES], m[LANES], stop[LANES];
+    int32_t dist[LANES], kind[LANES], m_row[LANES], stop[LANES];
     uint32_t power[LANES]; /* the bits of float32 powers[m] */
+    float total_row[LANES]; /* a block's outputs, streamed out when its rows are wide (see STREAMED) */
+    uint32_t disc_row[LANES];
+    int64_t next_row[LANES];
     for (int64_t c0 = 0; c0 < width; c0 += LANES) {
         const int64_t lanes = (width - c0 < LANES) ? width - c0 : LANES;
         for (int64_t j = 0; j < lanes; j++) {
@@ -77,7 +103,11 @@ EXPORT WIDEST void rolloutcli_nstep(const float *RESTRICT r, const uint8_t *REST
             const uint8_t *RESTRICT dd = dones + row;
             const uint8_t *RESTRICT oo = time_outs + row;
             const float *RESTRICT r0 = r + row;
-            float *RESTRICT total = returns + row;
+            const int streamed = lanes >= STREAMED && steps * width >= STREAMED_ELEMENTS;
+            float *RESTRICT total = streamed ? total_row : returns + row;
+            uint32_t *RESTRICT disc = streamed ? disc_row : (uint32_t *)(discount + row); /* float32 bits */
+            int64_t *RESTRICT next = streamed ? next_row : next_step + row;
+            int32_t *RESTRICT m = streamed ? m_row : taken + row;
             const uint32_t p1 = bits_of(powers[1]);
             for (int64_t j = 0; j < lanes; j++) {
                 const int32_t o = (int32_t)(oo[j] != 0) & to_mask, e = (int32_t)(dd[j] != 0) | o;
@@ -100,17 +130,22 @@ EXPORT WIDEST void rolloutcli_nstep(const float *RESTRICT r, const uint8_t *REST
                     power[j] = taking ? next_power : power[j];
                 }
             }
-            uint32_t *RESTRICT disc = (uint32_t *)(discount + row); /* float32 bits; +0 is all zeros */
-            int64_t *RESTRICT next = next_step + row;
-            int32_t *RESTRICT took = taken + row;
             const int32_t t32 = (int32_t)t;
             for (int64_t j = 0; j < lanes; j++) {
-                disc[j] = stop[j] == 1 ? 0u : power[j];
+                disc[j] = stop[j] == 1 ? 0u : power[j]; /* float32 bits; +0 is all zeros */
                 next[j] = (int64_t)(stop[j] ? -1 : t32 + m[j]);
-                took[j] = m[j];
+            }
+            if (streamed) {
+                stream_out(returns + row, total, (size_t)lanes * 4);
+                stream_out(discount + row, disc, (size_t)lanes * 4);
+                stream_out(next_step + row, next, (size_t)lanes * 8);
+                stream_out(taken + row, m, (size_t)lanes * 4);
             }
         }
     }
+#if defined(__SSE2__)
+    _mm_sfence(); /* the streamed rows are visible to the thread that joins this one */
+#endif
 }
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_nstep_native", "rolloutcli's n-step kernel, for ctypes.",
