@@ -186,3 +186,24 @@ def test_any_nonzero_flag_is_set(dtype):
     got = nstep_returns(rewards, (ends * scale).to(dtype), 3, 0.9, (outs * scale).to(dtype))
     for a, b, name in zip(got, want, want._fields, strict=True):
         assert torch.equal(a, b), name
+
+
+
+def _returns_in_child(rewards, dones):
+    # numpy in and out: only the kernel runs in the child (torch's own thread pool is not safe after a fork)
+    return nstep_returns(torch.from_numpy(rewards), torch.from_numpy(dones), 5, 0.99).returns.numpy().copy()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_runs_the_threaded_kernel():
+    # the kernel's thread pool is kept per process: a child forked after a threaded call must not wait on
+    # threads it does not have
+    import multiprocessing
+
+    g = torch.Generator().manual_seed(1)
+    rewards = torch.randn(600, 1037, generator=g)
+    dones = (torch.rand(600, 1037, generator=g) < 0.05).to(torch.uint8)
+    expected = nstep_returns(rewards, dones, 5, 0.99).returns.numpy()
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        result = pool.apply_async(_returns_in_child, (rewards.numpy(), dones.numpy()))
+        assert result.get(timeout=60).tobytes() == expected.tobytes()

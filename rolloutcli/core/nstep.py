@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -184,13 +185,15 @@ def _compiled(
     if len(spans) == 1:
         run(0, envs)
     else:
-        list(_pool(len(spans)).map(lambda span: run(*span), spans))
+        list(_pool(len(spans), os.getpid()).map(lambda span: run(*span), spans))
     return result
 
 
 @functools.cache
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """A pool kept for the process: starting threads on every call cost a quarter of the call at (1000, 1024)."""
+def _pool(threads: int, pid: int) -> ThreadPoolExecutor:
+    """A pool kept for the process: starting threads on every call cost a quarter of the call at (1000, 1024).
+
+    Keyed by the process id: a forked child (a DataLoader worker) has none of its parent's threads."""
     return ThreadPoolExecutor(threads, thread_name_prefix="rolloutcli-nstep")
 
 
