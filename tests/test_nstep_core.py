@@ -188,7 +188,6 @@ def test_any_nonzero_flag_is_set(dtype):
         assert torch.equal(a, b), name
 
 
-
 def _returns_in_child(rewards, dones):
     # numpy in and out: only the kernel runs in the child (torch's own thread pool is not safe after a fork)
     return nstep_returns(torch.from_numpy(rewards), torch.from_numpy(dones), 5, 0.99).returns.numpy().copy()
