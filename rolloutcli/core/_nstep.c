@@ -55,7 +55,7 @@ static inline float kept(float x, int32_t keep) {
 }
 
 /* copies a finished output row past the caches (streaming stores: no read of the line before it is written, the
- * bandwidth bound's traffic); the unaligned head and tail are plain copies */
+ * bandwidth bound's traffic); the unaligned head and tail are plain copies. bytes >= 16 (rows of STREAMED lanes) */
 static inline void stream_out(void *dst, const void *src, size_t bytes) {
     char *d = (char *)dst;
     const char *s = (const char *)src;
@@ -93,6 +93,7 @@ EXPORT WIDEST void rolloutcli_nstep(const float *RESTRICT r, const uint8_t *REST
     int64_t next_row[LANES];
     for (int64_t c0 = 0; c0 < width; c0 += LANES) {
         const int64_t lanes = (width - c0 < LANES) ? width - c0 : LANES;
+        const int streamed = lanes >= STREAMED && steps * width >= STREAMED_ELEMENTS;
         for (int64_t j = 0; j < lanes; j++) {
             dist[j] = far;
             kind[j] = 0;
@@ -103,7 +104,6 @@ EXPORT WIDEST void rolloutcli_nstep(const float *RESTRICT r, const uint8_t *REST
             const uint8_t *RESTRICT dd = dones + row;
             const uint8_t *RESTRICT oo = time_outs + row;
             const float *RESTRICT r0 = r + row;
-            const int streamed = lanes >= STREAMED && steps * width >= STREAMED_ELEMENTS;
             float *RESTRICT total = streamed ? total_row : returns + row;
             uint32_t *RESTRICT disc = streamed ? disc_row : (uint32_t *)(discount + row); /* float32 bits */
             int64_t *RESTRICT next = streamed ? next_row : next_step + row;

@@ -25,9 +25,9 @@ import numpy as np
 from rolloutcli.core import native
 
 # Fewer elements per thread than this and waking a thread costs more than the work it takes.
-_MIN_ELEMENTS_PER_THREAD = 1 << 17
+MIN_ELEMENTS_PER_THREAD = 1 << 17
 # Column blocks are multiples of this many envs (64 bytes of float32: threads never share a cache line).
-_LANE = 16
+LANE = 16
 
 
 def cpu_threads() -> int:
@@ -124,22 +124,28 @@ def _gae_loop(arrays: tuple[np.ndarray, ...], gamma: float, lam: float) -> None:
         np.subtract(ret, v, out=adv)
 
 
+def cpu_pool() -> ThreadPoolExecutor:
+    """This process's pool of :func:`cpu_threads` threads for the compiled kernels, kept between calls (starting
+    threads cost a quarter of an n-step call at (1000, 1024)); a forked child gets its own: the parent's threads
+    do not exist there."""
+    return _pool(os.getpid())
+
+
 @functools.cache
 def _pool(pid: int) -> ThreadPoolExecutor:
-    """This process's pool (a forked child gets its own: the parent's threads do not exist there)."""
-    return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix=f"rolloutcli-gae-{pid}")
+    return ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix=f"rolloutcli-kernels-{pid}")
 
 
 def _gae_compiled(arrays: tuple[np.ndarray, ...], gamma: float, lam: float, threads: int) -> None:
     """The C kernel over column blocks, one per thread (see :func:`rolloutcli.core.native.gae_columns`)."""
     steps, envs = arrays[0].shape
-    threads = max(1, min(threads, steps * envs // _MIN_ELEMENTS_PER_THREAD, -(-envs // _LANE)))
-    width = -(-envs // (threads * _LANE)) * _LANE
+    threads = max(1, min(threads, steps * envs // MIN_ELEMENTS_PER_THREAD, -(-envs // LANE)))
+    width = -(-envs // (threads * LANE)) * LANE
     blocks = [(start, min(start + width, envs)) for start in range(0, envs, width)]
     kernel_arrays = (*arrays, np.empty(envs, np.float32))  # + the carry, a disjoint slice per block
     if len(blocks) == 1:
         native.gae_columns(kernel_arrays, gamma, lam, 0, envs)
         return
-    jobs = [_pool(os.getpid()).submit(native.gae_columns, kernel_arrays, gamma, lam, a, b) for a, b in blocks]
+    jobs = [cpu_pool().submit(native.gae_columns, kernel_arrays, gamma, lam, a, b) for a, b in blocks]
     for job in jobs:
         job.result()

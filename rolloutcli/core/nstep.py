@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from rolloutcli.core.gae_numpy import cpu_threads
+from rolloutcli.core.gae_numpy import LANE, MIN_ELEMENTS_PER_THREAD, cpu_pool, cpu_threads
 
 TIMEOUT_RULES = ("final-value", "ignore")
 
@@ -144,12 +142,6 @@ def kernel() -> ctypes.CDLL | None:
     return lib
 
 
-# Fewer elements per thread than this and waking a thread costs more than the work it takes; column blocks are
-# multiples of _LANE envs (64 bytes of float32: threads never share a cache line).
-_MIN_ELEMENTS_PER_THREAD = 1 << 17
-_LANE = 16
-
-
 def _compiled(
     rewards: torch.Tensor,
     dones: torch.Tensor,
@@ -179,22 +171,14 @@ def _compiled(
             out[0].ctypes.data + f, out[1].ctypes.data + f, out[2].ctypes.data + q, out[3].ctypes.data + f,
         )  # fmt: skip
 
-    threads = max(1, min(cpu_threads(), r.size // _MIN_ELEMENTS_PER_THREAD, -(-envs // _LANE)))
-    width = -(-envs // (threads * _LANE)) * _LANE
+    threads = max(1, min(cpu_threads(), r.size // MIN_ELEMENTS_PER_THREAD, -(-envs // LANE)))
+    width = -(-envs // (threads * LANE)) * LANE
     spans = [(a, min(envs, a + width)) for a in range(0, envs, width)]
     if len(spans) == 1:
         run(0, envs)
     else:
-        list(_pool(len(spans), os.getpid()).map(lambda span: run(*span), spans))
+        list(cpu_pool().map(lambda span: run(*span), spans))
     return result
-
-
-@functools.cache
-def _pool(threads: int, pid: int) -> ThreadPoolExecutor:
-    """A pool kept for the process: starting threads on every call cost a quarter of the call at (1000, 1024).
-
-    Keyed by the process id: a forked child (a DataLoader worker) has none of its parent's threads."""
-    return ThreadPoolExecutor(threads, thread_name_prefix="rolloutcli-nstep")
 
 
 def _flags(flags: torch.Tensor) -> np.ndarray:
