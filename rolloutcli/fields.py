@@ -67,6 +67,10 @@ FIELDS: tuple[Field, ...] = (
 # fmt: on
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 EXTRA = "extra"  # the role of a dataset that matches no row
+# An extra ``[T, N]`` 0/1 that gymnasium's recorder writes in NEXT_STEP mode: 1 at an env's autoreset step (dones is
+# 1 there, the action was ignored, no transition happened). inspect counts no episode there and batch
+# --transitions exports no transition there.
+AUTORESET = "autoreset_steps"
 
 
 def field_of(path: str) -> Field | None:

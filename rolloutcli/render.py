@@ -247,6 +247,8 @@ def _episodes(console: Console, episodes: dict[str, Any]) -> None:
             f"recording, {episodes['unfinished']} unfinished at the end",
         )
     )
+    if episodes.get("autoreset_steps"):
+        console.print(f"  {episodes['autoreset_steps']} autoreset steps (no transition: not counted as episodes)")
     if lengths["count"]:
         console.print(
             f"  length of {lengths['count']} fully recorded episodes: min {lengths['min']}  "
@@ -348,6 +350,7 @@ def render_batch(console: Console, summary: dict[str, Any]) -> None:
         console.print(
             f"transitions: {summary['n_step']}-step returns, gamma {summary['gamma']}, time-outs: "
             f"{summary['timeouts']}; {summary['held_back']} held back (bootstrap observation unknown)"
+            + (f", {summary['autoreset_steps']} autoreset steps left out" if "autoreset_steps" in summary else "")
         )
     console.print(f"order: {summary['order']} (seed {summary['seed']})")
     if summary["dropped_rows"]:

@@ -138,6 +138,7 @@ def input_from_arrays(
 def d4rl_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Rollout ``arrays`` as a D4RL-style flat file: each env's steps in turn (env-major), observations as a
     group, rewards ``[T*N, 1]``, ``terminals`` and ``timeouts`` from dones and time-outs, ``values`` carried."""
+
     def env_major(value: np.ndarray) -> np.ndarray:  # a perturbed array of under 2 dims goes in as it is
         return value if value.ndim < 2 else np.swapaxes(value, 0, 1).reshape(-1, *value.shape[2:])
 

@@ -31,7 +31,7 @@ def _child(*argv: str, cwd: Path | None = None, **env: str) -> subprocess.Comple
 def _shell(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``script`` in bash, ``rolloutcli`` being ``python -m rolloutcli`` of this checkout."""
     env = child_env(PYTHONPATH=str(REPO))
-    prefix = f"rolloutcli() {{ {shlex.quote(sys.executable)} -m rolloutcli \"$@\"; }}; "
+    prefix = f'rolloutcli() {{ {shlex.quote(sys.executable)} -m rolloutcli "$@"; }}; '
     return subprocess.run(["bash", "-c", prefix + script], capture_output=True, text=True, cwd=cwd, env=env)
 
 

@@ -111,3 +111,17 @@ def test_python_dash_m(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["N"] == 16
+
+
+def test_episode_stats_leave_autoreset_steps_out() -> None:
+    from rolloutcli.core.stats import EpisodeStats
+
+    # env 0: episodes of 2 and 3 steps around an autoreset step; env 1: an autoreset step first (the file
+    # starts after an episode end), then one whole episode of 2 steps and one unfinished
+    dones = np.array([[0, 1], [1, 0], [1, 1], [0, 0], [0, 0], [1, 0]], np.uint8)
+    reset = np.array([[0, 1], [0, 0], [1, 0], [0, 0], [0, 0], [0, 0]], np.uint8)
+    stats = EpisodeStats.of(dones, None, from_reset=False, autoreset=reset)
+    assert (stats.completed, stats.autoreset_steps, stats.first_completed, stats.unfinished) == (3, 2, 1, 1)
+    assert stats.per_env == [2, 1] and np.flatnonzero(stats.length_counts).tolist() == [2, 3]
+    assert stats.length_counts[2] == 1 and stats.length_counts[3] == 1  # env 0's first episode is partial
+    assert stats.trajectories == EpisodeStats.of(dones).trajectories  # split still cuts there

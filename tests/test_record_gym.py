@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gymnasium as gym
@@ -71,3 +72,37 @@ def test_records_steps_and_final_observations(tmp_path: Path, mode: AutoresetMod
         with h5py.File(env.files[0], "r") as first:
             marked = first["autoreset_steps"][()].astype(bool)
             assert marked.any() and first["dones"][()][marked].all()
+
+
+def test_autoreset_steps_are_no_episodes_and_no_transitions(tmp_path: Path, cli) -> None:
+    """NEXT_STEP: the reset step after every episode end (dones = 1 there) is counted by no one."""
+    env = RecordRollouts(_env(AutoresetMode.NEXT_STEP), tmp_path / "rec", steps_per_file=30, value_fn=_value)
+    env.reset(seed=2)
+    env.action_space.seed(2)
+    ends = 0
+    for _ in range(30):
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        ends += int((np.asarray(terminated) | np.asarray(truncated)).sum())
+    env.close()
+    path = env.files[0]
+    with h5py.File(path, "r") as handle:
+        reset = handle["autoreset_steps"][()].astype(bool)
+    assert reset.sum() > 0
+    code, out, _ = cli("inspect", str(path), "--json")
+    episodes = json.loads(out)["episodes"]
+    assert code == 0 and episodes["autoreset_steps"] == int(reset.sum())
+    assert episodes["completed"] == ends and episodes["lengths"]["min"] > 1  # none of one step
+    code, out, _ = cli("inspect", str(path))
+    assert f"{int(reset.sum())} autoreset steps (no transition: not counted as episodes)" in out
+    shards = tmp_path / "shards"
+    code, out, _ = cli("batch", str(path), "-o", str(shards), "--transitions", "--num-mini-batches", "2")
+    assert code == 0 and f"{int(reset.sum())} autoreset steps left out" in out
+    manifest = json.loads((shards / "manifest.json").read_text())
+    rows = []
+    for shard in manifest["shards"]:
+        with h5py.File(shards / shard["file"], "r") as handle:
+            rows.append(handle["index"][()])
+    index = np.sort(np.concatenate(rows))
+    expected = np.flatnonzero(~reset.reshape(-1))  # rows t * N + n of every real step
+    np.testing.assert_array_equal(index, expected)
+    assert manifest["autoreset_steps"] == int(reset.sum()) and manifest["held_back"] == 0

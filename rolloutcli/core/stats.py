@@ -20,7 +20,9 @@ class EpisodeStats:
 
     ``length_counts[L]``: fully observed completed episodes of length L (their first step follows a done inside
     the recording); ``first_completed``: completed episodes that started before the recording; ``unfinished``:
-    envs whose last episode still runs at T-1; ``trajectories``: what RSL-RL's split produces.
+    envs whose last episode still runs at T-1; ``trajectories``: what RSL-RL's split produces. Steps marked in
+    ``autoreset`` (gymnasium's NEXT_STEP reset steps: dones is 1 there, but no transition happened) end no
+    episode: they are counted in ``autoreset_steps`` only.
     """
 
     T: int
@@ -32,23 +34,30 @@ class EpisodeStats:
     unfinished: int = 0
     per_env: list[int] = field(default_factory=list)
     trajectories: int = 0
+    autoreset_steps: int = 0
 
     @classmethod
-    def of(cls, dones: object, time_outs: object | None = None, from_reset: bool = False) -> EpisodeStats:
-        """Statistics of one env block; ``dones``/``time_outs`` ``[T, n]`` 0/1 (arrays or tensors);
+    def of(
+        cls, dones: object, time_outs: object | None = None, from_reset: bool = False, autoreset: object | None = None
+    ) -> EpisodeStats:
+        """Statistics of one env block; ``dones``/``time_outs``/``autoreset`` ``[T, n]`` 0/1 (arrays or tensors);
         ``from_reset``: every env's first step starts an episode (``recorded_from_reset``), so none is partial."""
-        ended = host_array(dones).astype(bool)
+        split_at = host_array(dones).astype(bool)  # where RSL-RL's split cuts, autoreset steps included
+        reset = host_array(autoreset).astype(bool) if autoreset is not None else np.zeros_like(split_at)
+        ended = split_at & ~reset
         T, n = ended.shape
         per_env = ended.sum(axis=0)
         completed = int(per_env.sum())
         timeouts = int((ended & host_array(time_outs).astype(bool)).sum()) if time_outs is not None else 0
-        # Episode lengths: positions of dones per env (env-major), differences between consecutive ones.
-        env_index, step_index = np.nonzero(ended.T)
+        # Episode lengths: positions of dones per env (env-major), differences between consecutive ones (an
+        # autoreset step is its own one-step segment, then left out).
+        env_index, step_index = np.nonzero(split_at.T)
         first_of_env = np.ones(env_index.shape, dtype=bool)
         first_of_env[1:] = env_index[1:] != env_index[:-1]
         lengths = step_index - np.where(first_of_env, -1, np.roll(step_index, 1))
-        partial = first_of_env & (not from_reset)  # started before the recording: length unknown
-        lengths = lengths[~partial]
+        real = ~reset.T[env_index, step_index]
+        partial = first_of_env & (not from_reset) & real  # started before the recording: length unknown
+        lengths = lengths[real & ~partial]
         counts = np.bincount(lengths, minlength=T + 1)[: T + 1].astype(np.int64)
         return cls(
             T,
@@ -57,9 +66,10 @@ class EpisodeStats:
             completed - timeouts,
             timeouts,
             int(partial.sum()),
-            int((~ended[-1]).sum()),
+            int((~split_at[-1]).sum()),
             per_env.tolist(),
-            int(ended[:-1].sum()) + n,
+            int(split_at[:-1].sum()) + n,
+            int(reset.sum()),
         )
 
     def merge(self, other: EpisodeStats) -> EpisodeStats:
@@ -73,6 +83,7 @@ class EpisodeStats:
             self.unfinished + other.unfinished,
             self.per_env + other.per_env,
             self.trajectories + other.trajectories,
+            self.autoreset_steps + other.autoreset_steps,
         )
 
     def length_summary(self, percentiles: tuple[int, ...] = (5, 25, 50, 75, 95)) -> dict[str, float | int | None]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from rolloutcli.core.stats import EpisodeStats, Moments
 from rolloutcli.errors import RolloutError
-from rolloutcli.fields import by_flag
+from rolloutcli.fields import AUTORESET, by_flag
 from rolloutcli.hdf5.reader import H5Input, RolloutReader
 from rolloutcli.hdf5.schema import describe
 from rolloutcli.pipeline.inspect_tree import env_major_warnings, folder_report, nonfinite, tree_report
@@ -147,6 +147,7 @@ def _episodes_report(episodes: EpisodeStats) -> dict[str, Any]:
         "time_outs": episodes.time_outs,
         "started_before_recording": episodes.first_completed,
         "unfinished": episodes.unfinished,
+        "autoreset_steps": episodes.autoreset_steps,
         "lengths": episodes.length_summary(),
         "histogram": episodes.histogram(),
         "per_env": {"min": min(per_env), "mean": sum(per_env) / len(per_env), "max": max(per_env), "counts": per_env},
@@ -157,14 +158,15 @@ def _scan(reader: RolloutReader, progress: Progress) -> tuple[EpisodeStats, dict
     """Episode statistics and the moments of every float field, streamed in env blocks."""
     fields = reader.schema.fields
     steps = [n for n in ("dones", "time_outs", *MOMENT_FIELDS) if n in fields and n != "last_values"]
+    autoreset = [AUTORESET] if AUTORESET in fields else []
     blocks = reader.blocks(steps)
     from_reset = reader.schema.attrs.get("recorded_from_reset") is True
     episodes: EpisodeStats | None = None
     moments: dict[str, Moments] = {}
     progress.start("inspect", len(blocks))
     for start, stop in blocks:
-        block = reader.arrays(steps, start, stop)
-        stats = EpisodeStats.of(block["dones"], block.get("time_outs"), from_reset)
+        block = reader.arrays(steps + autoreset, start, stop)
+        stats = EpisodeStats.of(block["dones"], block.get("time_outs"), from_reset, block.get(AUTORESET))
         episodes = stats if episodes is None else episodes.merge(stats)
         for name in steps[1:]:
             if name != "time_outs":

@@ -6,7 +6,8 @@ the window ends on a termination), and ``next_observations/<key>`` is the observ
 one K steps on within the episode, ``final_observations`` where the window ends on an episode end (zeros where
 the file has none and the end is a termination: its discount is 0), ``last_observations`` past the rollout's
 end. Transitions whose bootstrap observation is unknown (past the end without ``last_observations``) are held
-back. The eligible rows are shuffled like every feed-forward export: epoch e cuts the e-th ``torch.randperm``.
+back; gymnasium's autoreset steps (``autoreset_steps``) are no transitions and are left out. The eligible rows
+are shuffled like every feed-forward export: epoch e cuts the e-th ``torch.randperm``.
 The windows of the whole file are computed first, per env block, and kept (26 bytes per row).
 """
 
@@ -21,6 +22,7 @@ import torch
 from rolloutcli.core.batching import gather_fields
 from rolloutcli.core.history import history_plan, window_ends
 from rolloutcli.core.nstep import nstep_returns
+from rolloutcli.fields import AUTORESET
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
 from rolloutcli.pipeline.nstep import NStepOptions, check_nstep_source
@@ -162,8 +164,13 @@ def transitions_job(reader: RolloutReader, options: TransitionOptions, budget: i
     windows = _windows(reader, nstep, rewards, budget)
     known_end = all(f"last_observations/{key}" in reader.schema.fields for key in reader.schema.observation_keys)
     eligible = torch.ones((reader.T, reader.N), dtype=torch.bool) if known_end else windows.next_step != reader.T
+    skipped = {}
+    if AUTORESET in reader.schema.fields:  # gymnasium's autoreset steps are no transitions
+        reset = torch.from_numpy(reader.array(AUTORESET)) != 0
+        eligible &= ~reset
+        skipped = {"autoreset_steps": int(reset.sum())}
     rows = window_ends(eligible)
-    held_back = reader.T * reader.N - rows.numel()
+    held_back = reader.T * reader.N - rows.numel() - sum(skipped.values())
     if options.num_mini_batches > rows.numel():
         raise usage(
             f"--num-mini-batches: expected at most {rows.numel()} (the transitions whose bootstrap observation is "
@@ -174,7 +181,7 @@ def transitions_job(reader: RolloutReader, options: TransitionOptions, budget: i
     )
     plan = replace(plan, mode="transitions")
     fields = _fields(reader)
-    counts = {"rows_per_epoch": rows.numel(), "held_back": held_back, "dropped_rows": 0, "dropped_envs": []}
+    counts = {"rows_per_epoch": rows.numel(), "held_back": held_back, "dropped_rows": 0, "dropped_envs": [], **skipped}
     record = asdict(options)
     return ExportJob(
         mode="transitions",
