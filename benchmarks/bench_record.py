@@ -36,27 +36,32 @@ def _runner(num_envs: int, steps: int):
 
 
 def bench_hook(rounds: int, iterations: int, folder: Path) -> float:
-    """Each timed run is ``iterations`` iterations of ``OnPolicyRunner.learn``'s loop. The hooked run's files
-    are written by the writing process while the loop goes on (that work competes for the machine inside the
-    timed run); the wait for the last file at the end of the run, which ``learn`` does once per call, is timed
-    apart and reported, and is over before the next run starts."""
+    """Each timed run is ``iterations`` iterations of ``OnPolicyRunner.learn``'s loop, on one runner with the
+    hook attached and detached in turn (two runners differ by a few percent by themselves: their networks sit at
+    other addresses), the order swapped every round. The hooked run's files are written by the writing process
+    while the loop goes on (that work competes for the machine inside the timed run); the wait for the last
+    file at the end of the run, which ``learn`` does once per call, is timed apart and reported, and is over
+    before the next run starts."""
     from rsl_rl.runners import OnPolicyRunner
 
     from rolloutcli.record.rsl_rl import attach
 
-    plain, hooked = _runner(64, 24), _runner(64, 24)
-    recorder = attach(hooked, folder / "hook")
-    plain.learn(1), hooked.learn(1)  # warm-up (the hooked one starts the writing process)
+    runner = _runner(64, 24)
+    recorder = attach(runner, folder / "hook")
+    runner.learn(1)  # warm-up (starts the writing process)
+    recorder.detach()
+    runner.learn(1)
     times: dict[str, list[float]] = {"plain": [], "hooked": []}
     tails = []
-    for _ in range(rounds):
-        for name, runner in (("plain", plain), ("hooked", hooked)):
+    for r in range(rounds):
+        for name in ("plain", "hooked") if r % 2 == 0 else ("hooked", "plain"):
+            recorder = attach(runner, folder / "hook") if name == "hooked" else None
             start = time.perf_counter()
             OnPolicyRunner.learn(runner, iterations)  # the loop, without the hook's wait at the end
             times[name].append((time.perf_counter() - start) / iterations)
-            if name == "hooked":
+            if recorder is not None:
                 start = time.perf_counter()
-                recorder.files  # noqa: B018 - waits for the last file (learn() does this)
+                recorder.detach()  # waits for the last file (learn() does this)
                 tails.append(time.perf_counter() - start)
     best = {k: min(v) for k, v in times.items()}
     ratio = best["hooked"] / best["plain"]
@@ -64,6 +69,49 @@ def bench_hook(rounds: int, iterations: int, folder: Path) -> float:
         f"RSL-RL iteration N=64 T=24 (runs of {iterations} iterations): plain {best['plain'] * 1e3:.1f} ms, "
         f"hooked {best['hooked'] * 1e3:.1f} ms, overhead {100 * (ratio - 1):+.1f}% (ceiling +5%); waiting for "
         f"the last file at the end of learn(): median {1e3 * sorted(tails)[len(tails) // 2]:.1f} ms once per call"
+    )
+    return ratio
+
+
+def bench_handover(envs: int, rounds: int, folder: Path) -> float:
+    """How long ``publish`` holds the training loop for an Isaac Lab-sized rollout (T=24, two observation groups
+    of 235 floats, 12 actions), against copying the same tensors (``clone``) in the same run."""
+    from rolloutcli.record.worker import publish
+
+    g = torch.Generator().manual_seed(0)
+    steps = {
+        "observations": {k: torch.randn(24, envs, 235, generator=g) for k in ("policy", "critic")},
+        "actions": torch.randn(24, envs, 12, generator=g),
+        "rewards": torch.randn(24, envs, generator=g),
+        "dones": torch.zeros(24, envs, dtype=torch.uint8),
+        "values": torch.randn(24, envs, generator=g),
+        "actions_log_prob": torch.randn(24, envs, generator=g),
+        "distribution": {"mean": torch.randn(24, envs, 12, generator=g), "std": torch.rand(24, envs, 12, generator=g)},
+    }
+    leaves = [*steps["observations"].values(), *steps["distribution"].values()]
+    leaves += [v for k, v in steps.items() if k not in ("observations", "distribution")]
+    blocked, copied, published = [], [], []
+    for r in range(rounds):
+        start = time.perf_counter()
+        copies = [leaf.clone() for leaf in leaves]
+        copied.append(time.perf_counter() - start)
+        del copies
+        job = {
+            "writer": {"path": folder / f"big_{r}.h5", "num_envs": envs, "num_steps": 24, "overwrite": True},
+            "steps": steps,
+            "close": {"last_values": torch.zeros(envs)},
+        }
+        start = time.perf_counter()
+        future = publish(job)
+        blocked.append(time.perf_counter() - start)
+        future.result()
+        published.append(time.perf_counter() - start)
+        (folder / f"big_{r}.h5").unlink()
+    mb = sum(leaf.nbytes for leaf in leaves) / 1e6
+    ratio = min(blocked) / min(copied)
+    print(
+        f"handing over a [24, {envs}] rollout ({mb:.0f} MB): the loop waits {min(blocked) * 1e3:.1f} ms, a clone of it "
+        f"takes {min(copied) * 1e3:.1f} ms ({ratio:.2f}x); published after {min(published) * 1e3:.0f} ms"
     )
     return ratio
 
@@ -105,12 +153,16 @@ def bench_writer(steps: int, envs: int, rounds: int, folder: Path) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: few rounds, small arrays")
+    parser.add_argument("--rounds", type=int, default=60, help="interleaved runs of each hook variant")
+    parser.add_argument("--hook-only", action="store_true", help="skip the writer benchmark")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
         folder = Path(tmp)
-        bench_hook(3 if args.quick else 15, 2 if args.quick else 8, folder)
-        bench_writer(24 if args.quick else 1000, 64 if args.quick else 1024, 2 if args.quick else 5, folder)
+        bench_hook(3 if args.quick else args.rounds, 2 if args.quick else 8, folder)
+        if not args.hook_only:
+            bench_handover(256 if args.quick else 4096, 2 if args.quick else 5, folder)
+            bench_writer(24 if args.quick else 1000, 64 if args.quick else 1024, 2 if args.quick else 5, folder)
     return 0
 
 

@@ -208,3 +208,50 @@ def test_background_close(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(RolloutError, match="disk gone"):
         failing.wait()
     assert sorted(os.listdir(tmp_path)) == ["bg.h5"]
+
+
+def _block(arrays: dict[str, np.ndarray], start: int, stop: int) -> dict:
+    """Steps ``[start, stop)`` as one ``add_steps`` block (hidden states ``[k, layers, N, H]``)."""
+    steps = [_step(arrays, t) for t in range(start, stop)]
+
+    def stack(*parts):
+        return {k: stack(*(p[k] for p in parts)) for k in parts[0]} if isinstance(parts[0], dict) else np.stack(parts)
+
+    return stack(*steps)
+
+
+@pytest.mark.parametrize("block_bytes", [1, 300, 1 << 30])
+def test_add_steps_writes_the_bytes_of_add(tmp_path: Path, monkeypatch, block_bytes: int) -> None:
+    monkeypatch.setattr(writer_module, "_BLOCK_BYTES", block_bytes)  # blocks of 1 step, a few steps, all
+    arrays = rollout_arrays(T=17, N=5, seed=2)
+    _record(tmp_path / "add.h5", arrays)
+    with RolloutWriter(tmp_path / "steps.h5", num_envs=5, num_steps=17) as writer:
+        for start, stop in ((0, 1), (1, 9), (9, 17)):  # across block boundaries
+            writer.add_steps(_block(arrays, start, stop))
+        writer.close(last_values=torch.tensor(arrays["last_values"]))
+    assert (tmp_path / "add.h5").read_bytes() == (tmp_path / "steps.h5").read_bytes()
+
+
+def test_add_steps_names_the_bad_step(tmp_path: Path) -> None:
+    def block(k: int = 3, **change) -> dict:
+        return {name: np.stack([v] * k) for name, v in {**_valid(), **change}.items()}
+
+    writer = RolloutWriter(tmp_path / "bad.h5", num_envs=2, num_steps=6)
+    writer.add(_valid())
+    bad = block()
+    bad["dones"][2, 1] = 2
+    with pytest.raises(RolloutError, match=r"bad\.h5: step 3: field 'dones': expected flags 0/1 \(or bool\), found"):
+        writer.add_steps(bad)
+    bad = block(dones=np.ones(2, np.uint8))
+    bad["time_outs"][1, 0] = 1
+    bad["dones"][1, 0] = 0
+    with pytest.raises(RolloutError, match=r"step 2: field 'time_outs': expected time-outs only where dones is 1"):
+        writer.add_steps(bad)
+    ragged = {**block(), "rewards": np.zeros((2, 2), np.float32)}
+    with pytest.raises(RolloutError, match=r"step 1: field 'steps': expected one leading number of steps"):
+        writer.add_steps(ragged)
+    writer.add_steps(block())
+    with pytest.raises(RolloutError, match=r"step 6: field 'step': expected at most num_steps=6 steps, found 2 more"):
+        writer.add_steps(block(4))
+    writer.close(last_values=np.zeros(2, np.float32))
+    assert _read(tmp_path / "bad.h5")["rewards"].shape == (4, 2)

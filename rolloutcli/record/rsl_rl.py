@@ -46,8 +46,9 @@ def _rsl_rl_version() -> str:
 
 
 def _host(tensor: Any) -> Any:
-    """A host numpy copy (the training loop overwrites its storage next iteration)."""
-    return tensor.detach().to("cpu", copy=True).numpy()
+    """The tensor itself: :func:`publish` copies it before it returns (the loop overwrites its storage next
+    iteration)."""
+    return tensor
 
 
 class RslRlRecorder:
@@ -59,7 +60,8 @@ class RslRlRecorder:
         self.runner, self.alg, self.out_dir, self.every = runner, runner.alg, Path(out_dir), every
         self.compression, self._files = compression, []
         self._pending: list[Future[Path]] = []  # handed to the writing process, in order
-        self._raw: dict[str, list[Any]] | None = None  # each step's raw rewards and time_outs this iteration
+        self._raw: dict[str, Any] | None = None  # this iteration's step count, whether time_outs were seen
+        self._kept: dict[str, Any] = {}  # [T, ...] raw rewards and time_outs, reused every iteration
         self._names: list[str] = []
         self._config = json.dumps(getattr(runner, "cfg", {}), default=repr, sort_keys=True)  # as attached
         self.iteration = int(getattr(runner, "current_learning_iteration", 0))
@@ -115,33 +117,39 @@ class RslRlRecorder:
 
     def _keep(self, rewards: Any, extras: dict[str, Any]) -> None:
         """Copy what RSL-RL's storage will not hold as given: the raw rewards and ``extras["time_outs"]``
-        (verbatim: RSL-RL bootstraps wherever it is set; the env may reuse both buffers)."""
-        if self._raw is None:
-            self._raw = {"rewards": [], "time_outs": []}
-        self._raw["rewards"].append(rewards.clone())
-        time_outs = extras.get("time_outs")
-        self._raw["time_outs"].append(None if time_outs is None else time_outs.clone())
-
-    def _time_outs(self) -> Any:
-        """``[T, N]`` time-outs (zeros at steps whose extras had none), or None when no step had them."""
+        (verbatim: RSL-RL bootstraps wherever it is set; the env may reuse both buffers), into ``[T, ...]`` rows
+        kept from iteration to iteration (zeros at steps whose extras had no time-outs)."""
         import torch
 
-        kept = self._raw["time_outs"] if self._raw else []
-        like = next((part for part in kept if part is not None), None)
-        if like is None:
-            return None
-        return torch.stack([torch.zeros_like(like) if part is None else part for part in kept])
+        time_outs = extras.get("time_outs")
+        if self._raw is None:
+            T = self.alg.storage.num_transitions_per_env
+            kept = self._kept
+            if not kept or kept["rewards"].shape[1:] != rewards.shape or kept["rewards"].device != rewards.device:
+                kept.clear()
+                kept["rewards"] = rewards.new_empty((T, *rewards.shape))
+            if "time_outs" in kept:
+                kept["time_outs"].zero_()
+            self._raw = {"step": 0, "time_outs": False}
+        step, kept = self._raw["step"], self._kept
+        kept["rewards"][step].copy_(rewards)
+        if time_outs is not None:
+            like = kept.get("time_outs")
+            if like is None or like.shape[1:] != time_outs.shape or like.dtype != time_outs.dtype:
+                T = len(kept["rewards"])
+                kept["time_outs"] = torch.zeros((T, *time_outs.shape), dtype=time_outs.dtype, device=time_outs.device)
+            kept["time_outs"][step].copy_(time_outs)
+            self._raw["time_outs"] = True
+        self._raw["step"] = step + 1
 
     def _steps(self) -> dict[str, Any]:
         """The rollout RSL-RL's storage holds (``[T, ...]``), with the env's raw rewards and time-outs."""
-        import torch
-
         st, alg, raw = self.alg.storage, self.alg, self._raw
         assert raw is not None
         steps: dict[str, Any] = {
             "observations": {key: _host(value) for key, value in st.observations.items()},
             "actions": _host(st.actions),
-            "rewards": _host(torch.stack(raw["rewards"])),
+            "rewards": self._kept["rewards"],
             "dones": _host(st.dones[..., 0]),
             "values": _host(st.values[..., 0]),
             "actions_log_prob": _host(st.actions_log_prob[..., 0]),
@@ -151,9 +159,8 @@ class RslRlRecorder:
             names = self._names or _names(alg.actor, len(params))
             self._names = names  # the actor's distribution does not change
             steps["distribution"] = {n: _host(p) for n, p in zip(names, params, strict=True)}
-        time_outs = self._time_outs()
-        if time_outs is not None:
-            steps["time_outs"] = _host(time_outs)
+        if raw["time_outs"]:
+            steps["time_outs"] = self._kept["time_outs"]
         hidden = {}  # the storage's rows are zeros where RSL-RL's state was still None
         for net, saved in (("actor", st.saved_hidden_state_a), ("critic", st.saved_hidden_state_c)):
             if saved is not None and getattr(getattr(alg, net), "is_recurrent", False):

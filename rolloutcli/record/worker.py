@@ -1,14 +1,17 @@
 """Write whole recordings in a child process, so the training process only copies them.
 
 A recorder that has a whole rollout at once (the RSL-RL hook, once per iteration) hands it over with
-:func:`publish`: a background thread of this process sends it (pickled, through a pipe) to one child process,
-``python -m rolloutcli.record.worker``, which writes it with :class:`~rolloutcli.record.writer.RolloutWriter`
-(the same checks, the same bytes) and publishes it atomically. Creating a file's datasets and attributes is
-libhdf5 work done under the GIL: done in a thread of the training process it would stall the training loop
-for as long (benchmarks/README.md, issue 13). Recordings are written in the order handed over; at most
-``_IN_FLIGHT`` are held at once (memory stays bounded: :func:`publish` waits for the oldest). The child ignores
-Ctrl-C (what it was handed is finished) and ends when this process closes the pipe (at exit, after the files
-handed over are published). A failure comes back as the future's exception: a ``RolloutError`` naming the file.
+:func:`publish`: its arrays (numpy or torch, any device) are copied into a shared-memory slot (a file in
+``/dev/shm``, else in the temporary folder) and a small message naming the slot goes through a pipe to one child
+process, ``python -m rolloutcli.record.worker``, which reads the arrays in place, writes them with
+:class:`~rolloutcli.record.writer.RolloutWriter` (the same checks, the same bytes) and publishes the file
+atomically. Creating a file's datasets and attributes is libhdf5 work done under the GIL: done in a thread of the
+training process it would stall the training loop for as long, and pickling the arrays through the pipe cost the
+loop more than copying them (benchmarks/README.md, issue 13). Recordings are written in the order handed over;
+at most ``_IN_FLIGHT`` are held at once, one slot each (memory stays bounded: :func:`publish` waits for the
+oldest). The child ignores Ctrl-C (what it was handed is finished) and ends when this process closes the pipe
+(at exit, after the files handed over are published); the slots are removed then (by the child too, should
+this process die first). A failure comes back as the future's exception: a ``RolloutError`` naming the file.
 """
 
 from __future__ import annotations
@@ -16,28 +19,26 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import mmap
 import os
 import pickle
-import queue
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from concurrent.futures import Future
 from pathlib import Path
 from typing import IO, Any
 
-from rolloutcli.errors import EXIT_IO, RolloutError
+import numpy as np
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: the pipe keeps its size
-    fcntl = None  # type: ignore[assignment]
+from rolloutcli.errors import EXIT_IO, RolloutError
 
 _IN_FLIGHT = 2  # recordings handed over and not yet published
 _HEADER = struct.Struct("<Q")
-_PIPE_BYTES = 1 << 20
+_ALIGN = 64  # each array of a slot starts on a cache line
 
 
 def _frame(message: Any) -> bytes:
@@ -59,13 +60,118 @@ def _receive(stream: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
-def _at(tree: Any, t: int) -> Any:
-    """Step ``t`` of a tree (dicts, tuples) of ``[T, ...]`` arrays."""
+class _Ref:
+    """Where a slot holds one array: byte offset, shape, numpy dtype string (pickled as its three values)."""
+
+    __slots__ = ("dtype", "offset", "shape")
+
+    def __init__(self, offset: int, shape: tuple[int, ...], dtype: str) -> None:
+        self.offset, self.shape, self.dtype = offset, shape, dtype
+
+    def __reduce__(self) -> tuple[type, tuple[int, tuple[int, ...], str]]:
+        return (_Ref, (self.offset, self.shape, self.dtype))
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) or hasattr(value, "detach")
+
+
+def _dtype(value: Any) -> np.dtype:
+    return value.dtype if isinstance(value, np.ndarray) else _numpy_dtype(value.dtype)
+
+
+@functools.cache
+def _numpy_dtype(dtype: Any) -> np.dtype:
+    """numpy's dtype of a torch dtype (the same name)."""
+    return np.dtype(str(dtype).removeprefix("torch."))
+
+
+def _source(value: Any) -> Any:
+    """A tensor as it is (copied into the slot from any device), or a numpy array; numpy has no bfloat16."""
+    if hasattr(value, "detach"):
+        value = value.detach()
+        return value.float() if str(value.dtype) == "torch.bfloat16" else value
+    return np.asarray(value)
+
+
+def _layout(tree: Any, leaves: list[Any], offset: list[int]) -> Any:
+    """``tree`` (dicts, tuples) with each array replaced by its :class:`_Ref`; the arrays go to ``leaves``."""
     if isinstance(tree, dict):
-        return {key: _at(value, t) for key, value in tree.items()}
+        return {key: _layout(value, leaves, offset) for key, value in tree.items()}
     if isinstance(tree, tuple | list):
-        return tuple(_at(value, t) for value in tree)
-    return tree[t]
+        return tuple(_layout(value, leaves, offset) for value in tree)
+    if not _is_array(tree):
+        return tree
+    value = _source(tree)
+    ref = _Ref(offset[0], tuple(value.shape), _dtype(value).str)
+    offset[0] += -(-max(1, value.nbytes) // _ALIGN) * _ALIGN
+    leaves.append((ref, value))
+    return ref
+
+
+def _views(tree: Any, buffer: Any) -> Any:
+    """The inverse of :func:`_layout`: each :class:`_Ref` as a numpy view of ``buffer``."""
+    if isinstance(tree, dict):
+        return {key: _views(value, buffer) for key, value in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_views(value, buffer) for value in tree)
+    if isinstance(tree, _Ref):
+        return np.ndarray(tree.shape, np.dtype(tree.dtype), buffer=buffer, offset=tree.offset)
+    return tree
+
+
+def _slot_folders() -> list[str]:
+    """Where slots go: shared memory, else (none, or full: a container's /dev/shm is 64 MB) the temporary folder."""
+    return [folder for folder in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(folder)]
+
+
+def _allocate(folder: str, size: int) -> tuple[str, mmap.mmap]:
+    """A new file of ``size`` bytes in ``folder``, mapped; its space taken now (no space raises OSError here, not
+    SIGBUS while copying; macOS has no posix_fallocate: the file is only sized there)."""
+    fd, path = tempfile.mkstemp(prefix="rolloutcli-record-", dir=folder)
+    try:
+        allocate = getattr(os, "posix_fallocate", None)
+        allocate(fd, 0, size) if allocate else os.ftruncate(fd, size)
+        return path, mmap.mmap(fd, size)
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+class _Slot:
+    """A shared-memory file holding the arrays of one recording handed over (the child reads them in place)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.future = size, None  # future: the recording it holds, until published
+        failure: OSError | None = None
+        for folder in _slot_folders():
+            try:
+                self.path, self.map = _allocate(folder, size)
+                return
+            except OSError as error:
+                failure = error
+        raise RolloutError(
+            f"{' and '.join(_slot_folders())}: no room to hand a recording of {size} bytes to the writing process "
+            f"({failure}). Free space there, or set TMPDIR to a folder with room.",
+            exit_code=EXIT_IO,
+        )
+
+    def fill(self, leaves: list[Any]) -> None:
+        for ref, value in leaves:
+            view = np.ndarray(ref.shape, np.dtype(ref.dtype), buffer=self.map, offset=ref.offset)
+            if hasattr(value, "detach"):
+                import torch
+
+                torch.from_numpy(view).copy_(value)
+            else:
+                np.copyto(view, value)
+
+    def close(self) -> None:
+        self.map.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
 
 
 def write_recording(job: dict[str, Any]) -> Path:
@@ -74,14 +180,14 @@ def write_recording(job: dict[str, Any]) -> Path:
     from rolloutcli.record.writer import RolloutWriter
 
     with RolloutWriter(**job["writer"]) as writer:
-        for t in range(job["writer"]["num_steps"]):
-            writer.add(_at(job["steps"], t))
+        writer.add_steps(job["steps"])
         writer.close(**job["close"])
     return writer.path
 
 
 class _Child:
-    """The child process, a thread feeding it and a thread reading its replies."""
+    """The child process and a thread reading its replies (messages are written by the caller: they are small
+    and at most ``_IN_FLIGHT`` are unread, so the pipe takes each at once)."""
 
     def __init__(self) -> None:
         root = str(Path(__file__).resolve().parents[2])  # where this rolloutcli is imported from
@@ -89,26 +195,10 @@ class _Child:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rolloutcli.record.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
         )
-        if hasattr(fcntl, "F_SETPIPE_SZ"):  # a recording fits in the pipe: the feeding thread writes it at once
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(self.process.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
-        self.outbox: queue.Queue[bytes | None] = queue.Queue()
         self.waiting: dict[int, tuple[Path, Future[Path]]] = {}
         self.lock = threading.Lock()
         self.alive = True
-        threading.Thread(target=self._feed, name="rolloutcli-record-feed", daemon=True).start()
         threading.Thread(target=self._read, name="rolloutcli-record-read", daemon=True).start()
-
-    def _feed(self) -> None:
-        stdin = self.process.stdin
-        assert stdin is not None
-        try:
-            while (item := self.outbox.get()) is not None:
-                _send(stdin, item)
-        except OSError:  # the child is gone: _read fails what is waiting
-            pass
-        finally:
-            stdin.close()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -135,22 +225,28 @@ class _Child:
                     )
                 )
 
-    def hand(self, ident: int, path: Path, job: dict[str, Any]) -> Future[Path]:
+    def hand(self, ident: int, path: Path, message: Any) -> Future[Path]:
         future: Future[Path] = Future()
         with self.lock:  # _read fails every waiting future once the child has ended
             alive = self.alive
             if alive:
                 self.waiting[ident] = (path, future)
-        if alive:
-            self.outbox.put(_frame((ident, job)))  # pickled here: the feeding thread only writes bytes
-        else:
-            future.set_exception(
-                RolloutError(f"{path}: the recording process ended; not published.", exit_code=EXIT_IO)
-            )
+        try:
+            if not alive:
+                raise OSError("ended")
+            _send(self.process.stdin, _frame((ident, message)))  # type: ignore[arg-type]
+        except OSError:
+            with self.lock:
+                self.waiting.pop(ident, None)
+            if not future.done():
+                future.set_exception(
+                    RolloutError(f"{path}: the recording process ended; not published.", exit_code=EXIT_IO)
+                )
         return future
 
     def close(self) -> None:
-        self.outbox.put(None)
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()  # type: ignore[union-attr]
         self.process.wait()
 
 
@@ -159,27 +255,49 @@ class _Publisher:
         self.child: _Child | None = None
         self.count = 0
         self.held: list[Future[Path]] = []
+        self.slots: list[_Slot] = []
         self.lock = threading.Lock()
         atexit.register(self.close)
 
     def submit(self, job: dict[str, Any]) -> Future[Path]:
+        leaves: list[Any] = []
+        size = [0]
+        skeleton = _layout(job, leaves, size)
         with self.lock:
             self.held = [future for future in self.held if not future.done()]
             while len(self.held) >= _IN_FLIGHT:  # memory stays bounded: wait for the oldest
                 self.held.pop(0).exception()
+            slot = self._slot(max(1, size[0]))
+            slot.fill(leaves)
             if self.child is None or not self.child.alive:
                 self.child = _Child()
             self.count += 1
-            future = self.child.hand(self.count, Path(job["writer"]["path"]), job)
+            future = self.child.hand(self.count, Path(job["writer"]["path"]), (slot.path, slot.size, skeleton))
+            slot.future = future
             self.held.append(future)
             return future
 
+    def _slot(self, size: int) -> _Slot:
+        """A slot no recording in flight holds, of at least ``size`` bytes (it replaces a smaller free one)."""
+        free = [slot for slot in self.slots if slot.future is None or slot.future.done()]
+        fitting = [slot for slot in free if slot.size >= size]
+        if fitting:
+            return fitting[0]
+        if len(self.slots) >= _IN_FLIGHT:  # at most _IN_FLIGHT - 1 are held: one is free
+            self.slots.remove(free[0])
+            free[0].close()
+        self.slots.append(_Slot(size))
+        return self.slots[-1]
+
     def close(self) -> None:
-        """Publish what was handed over, then end the child."""
+        """Publish what was handed over, end the child, remove the slots."""
         with self.lock:
             child, self.child = self.child, None
+            slots, self.slots = self.slots, []
         if child is not None:
             child.close()
+        for slot in slots:
+            slot.close()
 
 
 @functools.cache
@@ -188,9 +306,28 @@ def _publisher() -> _Publisher:
 
 
 def publish(job: dict[str, Any]) -> Future[Path]:
-    """Hand ``job`` (see :func:`write_recording`; numpy arrays only) to the child; the future gives the
-    published path or raises what went wrong."""
+    """Hand ``job`` (see :func:`write_recording`; numpy arrays or tensors on any device, copied before this
+    returns) to the child; the future gives the published path or raises what went wrong."""
     return _publisher().submit(job)
+
+
+def _write_slot(path: str, size: int, skeleton: dict[str, Any]) -> tuple[str, int] | None:
+    """The child's work for one message: the recording the slot ``path`` holds, written; None or the error."""
+    buffer = None
+    try:
+        with open(path, "rb") as handle:
+            buffer = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ)
+        write_recording(_views(skeleton, buffer))
+        return None
+    except RolloutError as exc:
+        return (str(exc), exc.exit_code)
+    except Exception as exc:  # reported to the training process, which raises it
+        where = skeleton["writer"]["path"]
+        return (f"{where}: cannot write the recording ({type(exc).__name__}: {exc}).", EXIT_IO)
+    finally:
+        if buffer is not None:
+            with contextlib.suppress(BufferError):  # a view still held (by a traceback): freed with it
+                buffer.close()
 
 
 def _serve() -> int:
@@ -199,20 +336,22 @@ def _serve() -> int:
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
     requests = os.fdopen(0, "rb")
-    while True:
-        try:
-            ident, job = _receive(requests)
-        except EOFError:
-            return 0
-        try:
-            write_recording(job)
-            error = None
-        except RolloutError as exc:
-            error = (str(exc), exc.exit_code)
-        except Exception as exc:  # reported to the training process, which raises it
-            error = (f"{job['writer']['path']}: cannot write the recording ({type(exc).__name__}: {exc}).", EXIT_IO)
-        _send(replies, _frame((ident, error)))
+    seen: set[str] = set()
+    try:
+        while True:
+            try:
+                ident, (path, size, skeleton) = _receive(requests)
+            except EOFError:
+                return 0
+            seen.add(path)
+            _send(replies, _frame((ident, _write_slot(path, size, skeleton))))
+    finally:  # the training process has ended (or closed the pipe): its slots go too
+        for path in seen:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
-if __name__ == "__main__":
-    sys.exit(_serve())
+if __name__ == "__main__":  # the module's own copy serves, so that the messages' _Ref is the one it checks for
+    from rolloutcli.record import worker
+
+    sys.exit(worker._serve())

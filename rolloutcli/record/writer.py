@@ -126,8 +126,9 @@ class RolloutWriter:
         elif not self.closed:
             self.close()
 
-    def _error(self, field: str, expected: str, found: str, fix: str = "") -> RolloutError:
-        return RolloutError.field(f"{self.path}: step {self.steps}", field, expected, found, fix)
+    def _error(self, field: str, expected: str, found: str, fix: str = "", at: int | None = None) -> RolloutError:
+        """The one-line problem at step ``at`` (default: the next step to be added)."""
+        return RolloutError.field(f"{self.path}: step {self.steps if at is None else at}", field, expected, found, fix)
 
     def _guard(self, fn: Any) -> Any:
         """Run a write; on failure (disk full, I/O error) discard the file and raise."""
@@ -139,23 +140,45 @@ class RolloutWriter:
 
     def add(self, step: Any) -> None:
         """Check one step of every env and buffer it (see the module docstring for the fields)."""
+        self._add(step, block=False)
+
+    def add_steps(self, steps: Any) -> None:
+        """Check and buffer ``k`` steps at once: every field of :meth:`add` with a leading axis of ``k`` steps
+        (``[k, N, ...]``; hidden states ``[k, layers, N, hidden]``). The same checks and the same file as ``k``
+        calls of :meth:`add`; ``final_observations``/``final_values`` are given for all ``k`` steps or none."""
+        self._add(steps, block=True)
+
+    def _add(self, step: Any, block: bool) -> None:
         if self.closed:
             raise self._error("step", "add() before close()", "add() after close()", "Open a new RolloutWriter.")
         self._raise_io_error()
-        if self.num_steps is not None and self.steps >= self.num_steps:
-            raise self._error("step", f"at most num_steps={self.num_steps} steps", "one more")
         arrays = self._flatten(step.to_dict() if hasattr(step, "to_dict") else dict(step))
+        arrays = arrays if block else {name: value[None] for name, value in arrays.items()}
+        k = self._steps_of(arrays)
+        if self.num_steps is not None and self.steps + k > self.num_steps:
+            more = "one more" if self.steps + k == self.num_steps + 1 else f"{self.steps + k - self.num_steps} more"
+            raise self._error("step", f"at most num_steps={self.num_steps} steps", more, at=self.num_steps)
         self._check(arrays)
         if not self._capacity:
-            self._capacity = _capacity(sum(a.nbytes for a in arrays.values()), self.num_steps)
-        for name, value in arrays.items():  # the one copy: the loop may reuse its tensors in place
-            if name not in self._blocks:
-                self._blocks[name] = np.zeros((self._capacity, *value.shape), value.dtype)
-            self._blocks[name][self._count] = value
-        self._count += 1
-        self.steps += 1
-        if self._count == self._capacity:
-            self._flush()
+            self._capacity = _capacity(sum(a.nbytes for a in arrays.values()) // k, self.num_steps)
+        done = 0
+        while done < k:  # the one copy: the loop may reuse its tensors in place
+            n = min(k - done, self._capacity - self._count)
+            for name, value in arrays.items():
+                if name not in self._blocks:
+                    self._blocks[name] = np.zeros((self._capacity, *value.shape[1:]), value.dtype)
+                self._blocks[name][self._count : self._count + n] = value[done : done + n]
+            self._count, self.steps, done = self._count + n, self.steps + n, done + n
+            if self._count == self._capacity:
+                self._flush()
+
+    def _steps_of(self, arrays: dict[str, np.ndarray]) -> int:
+        """The steps a block holds: the leading length every field shares."""
+        lengths = {value.shape[0] if value.ndim else 0 for value in arrays.values()}
+        if len(lengths) != 1 or 0 in lengths:
+            found = ", ".join(f"{n} {list(v.shape)}" for n, v in arrays.items())
+            raise self._error("steps", "one leading number of steps (at least 1) in every field", found)
+        return lengths.pop()
 
     def _raise_io_error(self) -> None:
         """Raise what went wrong on the I/O thread (the file is discarded first)."""
@@ -190,12 +213,17 @@ class RolloutWriter:
                 arrays[key] = _host(value)
         return arrays
 
+    def _first(self, bad: np.ndarray) -> int:
+        """The step of the first true entry of ``bad [k, ...]``."""
+        return self.steps + int(np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0])
+
     def _check(self, arrays: dict[str, np.ndarray]) -> None:
+        """Check a block (every field ``[k, ...]``) against the format and against step 0."""
         N = self.num_envs
         for name, value in arrays.items():
-            if name in PER_ENV and value.shape == (N, 1):
-                arrays[name] = value = value.reshape(N)
-            self._check_one(name, value, N)
+            if name in PER_ENV and value.shape[1:] == (N, 1):
+                arrays[name] = value = value.reshape(value.shape[0], N)
+            self._check_one(name, value[0], N)
         missing = [k for k in ("actions", "rewards", "dones") if k not in arrays]
         if not any(n.startswith("observations/") for n in arrays):
             missing.insert(0, "observations")
@@ -203,21 +231,28 @@ class RolloutWriter:
             raise self._error(name, "a value at every step", "nothing", f"Pass step['{name}'].")
         flags = {k: arrays[k] for k in FLAGS if k in arrays}
         for name, value in flags.items():
-            if value.dtype != np.bool_ and ((value != 0) & (value != 1)).any():
-                raise self._error(name, "flags 0/1 (or bool)", f"{np.unique(value)[:4].tolist()}")
-        if "time_outs" in flags and (flags["time_outs"].astype(bool) & ~flags["dones"].astype(bool)).any():
-            raise self._error(
-                "time_outs", "time-outs only where dones is 1", "a time-out where dones is 0", "Set dones there too."
-            )
+            bad = (value != 0) & (value != 1) if value.dtype != np.bool_ else None
+            if bad is not None and bad.any():
+                at = self._first(bad)
+                found = f"{np.unique(value[at - self.steps])[:4].tolist()}"
+                raise self._error(name, "flags 0/1 (or bool)", found, at=at)
+        if "time_outs" in flags:
+            bad = flags["time_outs"].astype(bool) & ~flags["dones"].astype(bool)
+            if bad.any():
+                raise self._error(
+                    "time_outs", "time-outs only where dones is 1", "a time-out where dones is 0",
+                    "Set dones there too.", at=self._first(bad),
+                )  # fmt: skip
         for name, value in flags.items():
             arrays[name] = value.astype(np.uint8)
         for name, value in arrays.items():
-            self._against_schema(name, value)
+            self._against_schema(name, value[0])
         absent = [n for n in self._schema if n not in arrays and not n.startswith(SPARSE)]
         if absent:
             raise self._error(absent[0], "a value at every step (given at step 0)", "nothing")
 
     def _check_one(self, name: str, value: np.ndarray, N: int) -> None:
+        """Check one step's ``value`` (a step of a block: every step of it has its shape and dtype)."""
         if name.startswith("hidden_states/"):
             if value.ndim != 3 or value.shape[1] != N:
                 raise self._error(name, f"[layers, {N}, hidden]", str(list(value.shape)))

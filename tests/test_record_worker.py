@@ -1,0 +1,112 @@
+"""``rolloutcli.record.worker``: recordings handed to the writing process through shared-memory slots."""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from rolloutcli.errors import RolloutError
+from rolloutcli.record import worker
+
+T, N = 6, 3
+
+
+def _job(path: Path) -> dict:
+    g = torch.Generator().manual_seed(0)
+    steps = {
+        "observations": {"policy": torch.randn(T, N, 4, generator=g), "half": torch.randn(T, N, 2).bfloat16()},
+        "actions": np.arange(T * N * 2, dtype=np.float64).reshape(T, N, 2),
+        "rewards": torch.randn(T, N, generator=g),
+        "dones": torch.zeros(T, N, dtype=torch.bool),
+        "values": torch.randn(T, N, generator=g)[:, :, None][..., 0],  # a view
+        "hidden_states": {"actor": (torch.randn(T, 1, N, 5, generator=g),)},
+    }
+    return {
+        "writer": {"path": path, "num_envs": N, "num_steps": T, "overwrite": True},
+        "steps": steps,
+        "close": {"last_values": torch.randn(N, generator=g)},
+    }
+
+
+def _slots() -> set[str]:
+    return {p for folder in worker._slot_folders() for p in glob.glob(os.path.join(folder, "rolloutcli-record-*"))}
+
+
+def test_publish_writes_what_was_handed_and_removes_its_slots(tmp_path: Path) -> None:
+    before = _slots()
+    publisher = worker._Publisher()
+    job = _job(tmp_path / "a.h5")
+    futures = [publisher.submit({**job, "writer": {**job["writer"], "path": tmp_path / f"{i}.h5"}}) for i in range(3)]
+    assert [f.result(timeout=60) for f in futures] == [tmp_path / f"{i}.h5" for i in range(3)]
+    assert len(publisher.slots) == 2  # at most _IN_FLIGHT, reused
+    publisher.close()
+    assert _slots() == before
+    steps = job["steps"]
+    with h5py.File(tmp_path / "2.h5", "r") as handle:
+        assert handle["observations/policy"][()].tobytes() == steps["observations"]["policy"].numpy().tobytes()
+        np.testing.assert_array_equal(handle["observations/half"][()], steps["observations"]["half"].float().numpy())
+        np.testing.assert_array_equal(handle["actions"][()], steps["actions"])
+        np.testing.assert_array_equal(handle["values"][()], steps["values"].numpy())
+        np.testing.assert_array_equal(handle["hidden_states/actor/0"][()], steps["hidden_states"]["actor"][0].numpy())
+        np.testing.assert_array_equal(handle["last_values"][()], job["close"]["last_values"].numpy())
+
+
+def test_full_shared_memory_falls_back_then_fails_cleanly(tmp_path: Path, monkeypatch) -> None:
+    real = os.posix_fallocate
+    full = {"/dev/shm"}
+
+    def fallocate(fd: int, offset: int, size: int) -> None:
+        if any(os.readlink(f"/proc/self/fd/{fd}").startswith(folder + "/") for folder in full):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, offset, size)
+
+    monkeypatch.setattr(os, "posix_fallocate", fallocate)
+    publisher = worker._Publisher()
+    try:
+        assert publisher.submit(_job(tmp_path / "a.h5")).result(timeout=60) == tmp_path / "a.h5"
+        assert publisher.slots[0].path.startswith(tempfile.gettempdir())
+        full.add(tempfile.gettempdir())
+        publisher.slots.pop().close()  # the next recording needs a new slot
+        with pytest.raises(RolloutError) as caught:
+            publisher.submit(_job(tmp_path / "b.h5"))
+        assert caught.value.exit_code == 3
+        assert "no room to hand a recording of" in str(caught.value) and "set TMPDIR" in str(caught.value)
+        assert not (tmp_path / "b.h5").exists()
+    finally:
+        publisher.close()
+
+
+def test_slots_of_a_killed_training_process_are_removed(tmp_path: Path) -> None:
+    script = (
+        "import os, sys, torch\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from test_record_worker import _job\n"
+        "from rolloutcli.record import worker\n"
+        "from pathlib import Path\n"
+        "worker.publish(_job(Path(sys.argv[2]))).result()\n"
+        "print(worker._publisher().slots[0].path, flush=True)\n"
+        "os._exit(0)  # no atexit: the slot stays behind unless the writing process removes it\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "k.h5")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    slot = out.split()[-1]
+    deadline = time.monotonic() + 30
+    while os.path.exists(slot) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(slot) and (tmp_path / "k.h5").is_file()
