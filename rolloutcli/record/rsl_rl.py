@@ -45,12 +45,6 @@ def _rsl_rl_version() -> str:
         return "unknown"
 
 
-def _host(tensor: Any) -> Any:
-    """The tensor itself: :func:`publish` copies it before it returns (the loop overwrites its storage next
-    iteration)."""
-    return tensor
-
-
 class RslRlRecorder:
     """The hook :func:`attach` installs; ``files`` lists the files written so far."""
 
@@ -143,28 +137,30 @@ class RslRlRecorder:
         self._raw["step"] = step + 1
 
     def _steps(self) -> dict[str, Any]:
-        """The rollout RSL-RL's storage holds (``[T, ...]``), with the env's raw rewards and time-outs."""
+        """The rollout RSL-RL's storage holds (``[T, ...]``), with the env's raw rewards and time-outs: the tensors
+        themselves (views), which :func:`publish` copies before it returns (the loop overwrites them next
+        iteration)."""
         st, alg, raw = self.alg.storage, self.alg, self._raw
         assert raw is not None
         steps: dict[str, Any] = {
-            "observations": {key: _host(value) for key, value in st.observations.items()},
-            "actions": _host(st.actions),
+            "observations": dict(st.observations.items()),
+            "actions": st.actions,
             "rewards": self._kept["rewards"],
-            "dones": _host(st.dones[..., 0]),
-            "values": _host(st.values[..., 0]),
-            "actions_log_prob": _host(st.actions_log_prob[..., 0]),
+            "dones": st.dones[..., 0],
+            "values": st.values[..., 0],
+            "actions_log_prob": st.actions_log_prob[..., 0],
         }
         params = st.distribution_params or ()
         if params:
             names = self._names or _names(alg.actor, len(params))
             self._names = names  # the actor's distribution does not change
-            steps["distribution"] = {n: _host(p) for n, p in zip(names, params, strict=True)}
+            steps["distribution"] = dict(zip(names, params, strict=True))
         if raw["time_outs"]:
             steps["time_outs"] = self._kept["time_outs"]
         hidden = {}  # the storage's rows are zeros where RSL-RL's state was still None
         for net, saved in (("actor", st.saved_hidden_state_a), ("critic", st.saved_hidden_state_c)):
             if saved is not None and getattr(getattr(alg, net), "is_recurrent", False):
-                hidden[net] = tuple(_host(part) for part in saved)
+                hidden[net] = tuple(saved)
         if hidden:
             steps["hidden_states"] = hidden
         return steps
@@ -203,8 +199,8 @@ class RslRlRecorder:
             },
             "steps": self._steps(),
             "close": {
-                "last_values": _host(captured[0]) if captured else None,
-                "last_observations": {key: _host(value) for key, value in obs.items()},
+                "last_values": captured[0] if captured else None,
+                "last_observations": dict(obs.items()),
             },
         }
         self._raw = None
