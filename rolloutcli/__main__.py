@@ -1,15 +1,27 @@
 """``python -m rolloutcli`` and the ``rolloutcli`` console script.
 
 ``run`` imports the command line inside a guard, so a Ctrl-C while Python is still starting up (importing
-typer and rich) ends with exit 130 and one line, not a KeyboardInterrupt traceback.
+typer and rich) ends with exit 130 and one line, not a KeyboardInterrupt traceback. When an argument names an
+existing path, it first starts the metadata probe's helper (``rolloutcli.hdf5.probe``), whose start then
+overlaps the imports instead of following them.
 """
 
 import os
 import sys
 
 
+def _names_a_path(args: list[str]) -> bool:
+    if any(arg in ("-h", "--help", "--version") for arg in args):
+        return False
+    return any(not arg.startswith("-") and os.path.exists(arg) for arg in args[1:])
+
+
 def run() -> None:
     try:
+        if _names_a_path(sys.argv[1:]):
+            from rolloutcli.hdf5.probe import start_helper
+
+            start_helper()
         from rolloutcli.cli import main
 
         main()  # ends the process itself; a Ctrl-C before its handlers are in place lands below

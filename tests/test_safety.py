@@ -275,3 +275,26 @@ def test_corrupt_committed_datatype_is_refused_not_a_crash(tmp_path: Path) -> No
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mutant.h5"]
     assert path.read_bytes() == before
+
+
+def test_helper_started_early_is_the_one_the_probe_asks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m rolloutcli CMD FILE`` starts the probe's helper before its imports; the probe then asks that
+    helper (no second start), and a command line naming no existing path, or asking for help, starts none."""
+    from rolloutcli import __main__ as entry
+    from rolloutcli.hdf5 import probe
+
+    path = tmp_path / "r.h5"
+    make_rollout(path)
+    assert entry._names_a_path(["inspect", str(path)])
+    assert entry._names_a_path(["gae", str(path), "-o", str(tmp_path / "out.h5")])
+    assert not entry._names_a_path(["inspect", str(path), "--help"])
+    assert not entry._names_a_path(["inspect", str(tmp_path / "missing.h5")])
+    assert not entry._names_a_path([str(path)])  # the first argument is the command
+    started: list[object] = []
+    real = probe._Helper
+    monkeypatch.setattr(probe, "_Helper", lambda: started.append(1) or real())
+    monkeypatch.setattr(probe, "_HELPER", None)
+    assert probe.start_helper() and probe.start_helper()
+    probe.probe_metadata(path)
+    assert len(started) == 1
+    probe._stop_helper()

@@ -108,20 +108,39 @@ _HELPER: _Helper | None = None
 _LOCK = threading.Lock()
 
 
+def start_helper() -> bool:
+    """Start this process's helper now, if none runs; False when it cannot start.
+
+    The command line calls it before importing anything heavy, so the helper's own start (an interpreter and
+    h5py) runs while this process imports typer, numpy and rich instead of after them.
+    """
+    with _LOCK:
+        return _running_helper() is not None
+
+
+def _running_helper() -> _Helper | None:
+    """This process's live helper, started if needed (the caller holds ``_LOCK``); None when none can start."""
+    global _HELPER
+    if _HELPER is None or _HELPER.owner != os.getpid() or _HELPER.process.poll() is not None:
+        try:
+            _HELPER = _Helper()
+        except OSError:
+            _HELPER = None
+    return _HELPER
+
+
 def _ask(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     """This process's helper's answer (started if needed); None when no helper could answer."""
     global _HELPER
     with _LOCK:
         for _ in range(2):  # a helper that died or got stuck is replaced once
-            if _HELPER is None or _HELPER.owner != os.getpid() or _HELPER.process.poll() is not None:
-                try:
-                    _HELPER = _Helper()
-                except OSError:
-                    return None
-            answer = _HELPER.ask(request, timeout)
+            helper = _running_helper()
+            if helper is None:
+                return None
+            answer = helper.ask(request, timeout)
             if answer is not None:
                 return answer
-            _HELPER.close()
+            helper.close()
             _HELPER = None
     return None
 
