@@ -10,6 +10,25 @@ import os
 import sys
 
 
+def return_freed_memory() -> None:
+    """Make glibc hand freed blocks of 1 MiB and more back to the system at once, for the rest of the process.
+
+    By default glibc raises its mmap threshold to the size of each large block freed (up to 32 MiB); blocks
+    below it then come from the heap, which shrinks only from its top. The exports allocate and free blocks of
+    a few MB for every block they read, so the heap kept hundreds of MB it no longer used and the peak went past
+    ``--max-memory`` (figures: benchmarks/README.md). Fixing the thresholds turns that off. Elsewhere (musl,
+    macOS: no ``mallopt``) nothing is changed.
+    """
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD: blocks from 1 MiB up are mapped, and unmapped when freed
+    mallopt(-1, 2 << 20)  # M_TRIM_THRESHOLD: a free heap top past 2 MiB is returned
+
+
 def _names_a_path(args: list[str]) -> bool:
     if any(arg in ("-h", "--help", "--version") for arg in args):
         return False
@@ -17,6 +36,7 @@ def _names_a_path(args: list[str]) -> bool:
 
 
 def run() -> None:
+    return_freed_memory()
     try:
         if _names_a_path(sys.argv[1:]):
             from rolloutcli.hdf5.probe import start_helper

@@ -23,6 +23,7 @@ import torch
 ALGORITHM = "feistel-cw"
 ORDER_VERSION = 2
 ROUNDS = 6
+_CHUNK = 1 << 18  # values a pass of the network: its temporaries stay a few MB for any count
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -74,13 +75,17 @@ class RowOrder:
         x = np.asarray(values, dtype=np.int64).reshape(-1)
         if x.size and (x.min() < 0 or x.max() >= self.n):
             raise ValueError(f"values must lie in [0, {self.n})")
+        out = np.empty(x.size, np.int64)
+        n = np.uint64(self.n)
         with np.errstate(over="ignore"):
-            out = self._network(x.astype(np.uint64), inverse)
-            todo = np.flatnonzero(out >= np.uint64(self.n))  # cycle walking: values past n step again
-            while todo.size:
-                out[todo] = self._network(out[todo], inverse)
-                todo = todo[out[todo] >= np.uint64(self.n)]
-        return torch.from_numpy(out.astype(np.int64)).view(shape)
+            for start in range(0, x.size, _CHUNK):
+                part = self._network(x[start : start + _CHUNK].astype(np.uint64), inverse)
+                todo = np.flatnonzero(part >= n)  # cycle walking: values past n step again
+                while todo.size:
+                    part[todo] = self._network(part[todo], inverse)
+                    todo = todo[part[todo] >= n]
+                out[start : start + part.size] = part.view(np.int64)  # every value is below n < 2**63
+        return torch.from_numpy(out).view(shape)
 
     def rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """``[stop - start]`` int64: the row at each position ``start <= p < stop`` (default: all)."""
