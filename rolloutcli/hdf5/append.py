@@ -7,11 +7,8 @@ removes the temporary, so no half file ever sits under the final name.
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
 import weakref
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -22,32 +19,6 @@ from rolloutcli.hdf5.writer import RolloutOutput
 
 COMPRESSIONS = (None, "gzip", "lzf")
 _CHUNK_BYTES = 1 << 20  # chunks of about a MiB: HDF5's sweet spot for sequential writes and compression
-
-
-@functools.cache
-def _sync_pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-sync")
-
-
-class _EarlySync:
-    """``fdatasync`` of a file being written, on a thread of its own (the GIL released), one at a time: the disk
-    writes the blocks while the next ones are written, so the fsync before the publish only waits for the last
-    ones (durability still comes from that fsync; an early one's failure is left for it to report)."""
-
-    def __init__(self, path: Path) -> None:
-        self.fd: int | None = os.open(path, os.O_RDONLY)
-        self.running: Future[None] | None = None
-
-    def start(self) -> None:
-        if self.fd is not None and (self.running is None or self.running.done()):
-            self.running = _sync_pool().submit(os.fdatasync, self.fd)
-
-    def close(self) -> None:
-        if self.running is not None:
-            wait([self.running])
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 def _abort(stack: contextlib.ExitStack) -> None:
@@ -67,9 +38,7 @@ class AppendFile:
         stack = contextlib.ExitStack()
         try:
             tmp = stack.enter_context(atomic_file(self.dst, overwrite=overwrite))
-            self.out = stack.enter_context(RolloutOutput(tmp, self.dst))
-            self._early = _EarlySync(tmp)
-            stack.callback(self._early.close)  # first out: before the file is closed, fsynced and renamed
+            self.out = stack.enter_context(RolloutOutput(tmp, self.dst, early_sync=True))
         except BaseException:
             _abort(stack)
             raise
@@ -128,8 +97,8 @@ class AppendFile:
         self.out.set_attrs(attrs, name)
 
     def sync_early(self) -> None:
-        """Have the disk start on what was written so far, while writing goes on (see ``_EarlySync``)."""
-        self._early.start()
+        """Have the disk start on what was written so far, while writing goes on (``RolloutOutput.sync_early``)."""
+        self.out.sync_early()
 
     def commit(self) -> None:
         """Close the file and publish it at ``dst`` (fsynced, renamed)."""

@@ -10,8 +10,10 @@ of the source, anything else an error writing the output, never blamed on the in
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -57,6 +59,32 @@ def _untimed() -> h5py.h5p.PropFCID:
     return plist
 
 
+@functools.cache
+def _sync_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutcli-sync")
+
+
+class _EarlySync:
+    """``fdatasync`` of a file being written, on a thread of its own (the GIL released), one at a time: the disk
+    writes the blocks while the next ones are written, so the fsync before the publish only waits for the last
+    ones (durability still comes from that fsync; an early one's failure is left for it to report)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.fd: int | None = os.open(path, os.O_RDONLY)
+        self.running: Future[None] | None = None
+
+    def start(self) -> None:
+        if self.fd is not None and (self.running is None or self.running.done()):
+            self.running = _sync_pool().submit(os.fdatasync, self.fd)
+
+    def close(self) -> None:
+        if self.running is not None:
+            wait([self.running])
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class RolloutOutput:
     """A new HDF5 file at ``tmp`` (published at ``dst`` by the caller's ``atomic_file``).
 
@@ -64,7 +92,9 @@ class RolloutOutput:
     valid inputs may carry. ``source`` (an open ``H5Input``) is where ``copy`` and ``copy_attrs`` read from.
     """
 
-    def __init__(self, tmp: Path | str, dst: Path | str, source: H5Input | None = None) -> None:
+    def __init__(
+        self, tmp: Path | str, dst: Path | str, source: H5Input | None = None, *, early_sync: bool = False
+    ) -> None:
         self.dst, self.source = Path(dst), source
         self.file = self._do(
             lambda: h5py.File(
@@ -73,11 +103,19 @@ class RolloutOutput:
                 )
             )
         )
+        self._early = _EarlySync(tmp) if early_sync else None
 
     def __enter__(self) -> RolloutOutput:
         return self
 
+    def sync_early(self) -> None:
+        """With ``early_sync``: have the disk start on what was written so far while writing goes on."""
+        if self._early is not None:
+            self._early.start()
+
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if self._early is not None:
+            self._early.close()
         if kind is None:
             self._do(self.file.close)
         else:

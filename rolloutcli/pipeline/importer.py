@@ -134,7 +134,10 @@ def run_import(
     with _open_source(src, layout, run) as (source, meta):
         plan = _plan(src, source, layout, meta)
         h5 = source if isinstance(source, H5Input) else None
-        with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp, RolloutOutput(tmp, dst, h5) as out:
+        with (
+            atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp,
+            RolloutOutput(tmp, dst, h5, early_sync=True) as out,
+        ):
             _write(plan, source, out, run.max_memory, progress)
             out.set_attrs(
                 {
@@ -193,6 +196,7 @@ def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: P
             out.write(copy.out, (), block[0])
         else:
             out.write(copy.out, (target,), block[:, None] if copy.lane else block)
+        out.sync_early()  # the disk writes this block while the next is read
         progress.advance()
     for name, array in plan.arrays.items():
         out.put(name, array)
