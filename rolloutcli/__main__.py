@@ -36,8 +36,8 @@ def _names_a_path(args: list[str]) -> bool:
 
 
 def run() -> None:
-    return_freed_memory()
     try:
+        return_freed_memory()
         if _names_a_path(sys.argv[1:]):
             from rolloutcli.hdf5.probe import start_helper
 

@@ -96,10 +96,12 @@ def unrecognised(path: object, listing: Listing, wanted: str = "auto") -> Rollou
     tops = sorted({name.split("/")[0] for name in listing})
     shown = ", ".join(tops[:12]) + (f" (+{len(tops) - 12} more)" if len(tops) > 12 else "")
     what = "; ".join(f"{k}: {v}" for k, v in looked.items())
-    return RolloutError(
-        f"{path}: unrecognised layout: looked for {what}; found {shown or 'no datasets'}. "
+    fix = (
         "Pass --from to name the layout, or convert the file to the rollout format yourself."
+        if wanted == "auto"
+        else "Leave out --from (or pass --from auto) to recognise the layout."
     )
+    return RolloutError(f"{path}: unrecognised layout: looked for {what}; found {shown or 'no datasets'}. {fix}")
 
 
 def plan_import(path: object, layout: str, listing: Listing, read: Reader) -> Plan:

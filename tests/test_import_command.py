@@ -226,7 +226,19 @@ def test_unrecognised_layout(tmp_path: Path, cli) -> None:
     src = write_arrays(tmp_path / "x.h5", {"foo": np.zeros(3), "bar/baz": np.zeros(2)})
     err = _refused(cli, tmp_path, src, 1, "unrecognised layout", "d4rl:", "minari:", "robomimic:", "found bar, foo")
     assert "ikostrikov:" in err
-    _refused(cli, tmp_path, src, 1, "looked for d4rl:", extra=("--from", "d4rl"))
+    err = _refused(cli, tmp_path, src, 1, "looked for d4rl:", extra=("--from", "d4rl"))
+    assert err.strip().endswith("found bar, foo. Leave out --from (or pass --from auto) to recognise the layout.")
+
+
+def test_a_rollout_file_is_not_imported(tmp_path: Path, cli) -> None:
+    """A user who runs ``import`` on a file that already is a rollout (the sample) is told so (exit 1: the file
+    decides it, and exit 2 never comes from a file)."""
+    src = Path(__file__).resolve().parents[1] / "sample_data" / "cartpole_gru.h5"
+    err = _refused(cli, tmp_path, src, 1)
+    assert err.strip() == (
+        f"error: {src}: already a rollout file (rolloutcli_format = rollout): nothing to import. "
+        "Pass it to the other commands as it is."
+    )
 
 
 def test_episode_lengths_disagree(tmp_path: Path, cli) -> None:

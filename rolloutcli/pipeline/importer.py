@@ -107,6 +107,11 @@ def _open_source(src: Path, wanted: str, run: RunOptions) -> Iterator[tuple[Any,
 def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
     layout = recognise(source.datasets) if wanted == "auto" else wanted
     if layout is None or not matches(source.datasets, layout):
+        if isinstance(source, H5Input) and source.attrs_of("").get("rolloutcli_format") == FORMAT_NAME:
+            raise RolloutError(
+                f"{src}: already a rollout file (rolloutcli_format = {FORMAT_NAME}): nothing to import. "
+                "Pass it to the other commands as it is."
+            )
         raise unrecognised(src, source.datasets, wanted)
     plan = plan_import(src, layout, source.datasets, lambda name: source.slice(name))
     total = meta.get("total_episodes")
