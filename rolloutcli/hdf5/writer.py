@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import h5py
 import numpy as np
 
+from rolloutcli.core.host import numpy_storable
 from rolloutcli.errors import EXIT_IO, RolloutError
 from rolloutcli.hdf5.safety import HDF5_ERRORS, system_errno, translate_write_error
 
@@ -35,12 +36,8 @@ _OUTPUT_ERRORS = (OSError, RuntimeError, MemoryError)
 
 def to_numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
     """A host numpy view/copy of a tensor (one device-to-host transfer)."""
-    if hasattr(value, "detach"):  # a torch.Tensor
-        value = value.detach()
-        if str(value.dtype) == "torch.bfloat16":  # numpy has no bfloat16
-            value = value.float()
-        return value.cpu().numpy()
-    return np.asarray(value)
+    value = numpy_storable(value)
+    return value.cpu().numpy() if hasattr(value, "detach") else value
 
 
 def _access(low: int) -> h5py.h5p.PropFAID:

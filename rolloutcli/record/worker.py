@@ -34,6 +34,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from rolloutcli.core.host import numpy_storable
 from rolloutcli.errors import EXIT_IO, RolloutError
 
 _IN_FLIGHT = 2  # recordings handed over and not yet published
@@ -86,14 +87,6 @@ def _numpy_dtype(dtype: Any) -> np.dtype:
     return np.dtype(str(dtype).removeprefix("torch."))
 
 
-def _source(value: Any) -> Any:
-    """A tensor as it is (copied into the slot from any device), or a numpy array; numpy has no bfloat16."""
-    if hasattr(value, "detach"):
-        value = value.detach()
-        return value.float() if str(value.dtype) == "torch.bfloat16" else value
-    return np.asarray(value)
-
-
 def _layout(tree: Any, leaves: list[Any], offset: list[int]) -> Any:
     """``tree`` (dicts, tuples) with each array replaced by its :class:`_Ref`; the arrays go to ``leaves``."""
     if isinstance(tree, dict):
@@ -102,7 +95,7 @@ def _layout(tree: Any, leaves: list[Any], offset: list[int]) -> Any:
         return tuple(_layout(value, leaves, offset) for value in tree)
     if not _is_array(tree):
         return tree
-    value = _source(tree)
+    value = numpy_storable(tree)  # copied into the slot from any device
     ref = _Ref(offset[0], tuple(value.shape), _dtype(value).str)
     offset[0] += -(-max(1, value.nbytes) // _ALIGN) * _ALIGN
     leaves.append((ref, value))
