@@ -112,7 +112,10 @@ class RichProgress(Progress):
         writing = " ".join(sorted(os.path.basename(p) for p in live_temporaries())) or "nothing"
         sys.stderr.write(f"rolloutcli: test pause after block 1 (writing {writing})\n")
         sys.stderr.flush()
-        time.sleep(pause)
+        # short sleeps: a signal the kernel hands to another thread still reaches the main thread's handler
+        deadline = time.monotonic() + pause
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def finish(self) -> None:
         if self._bar is not None:

@@ -246,6 +246,20 @@ os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
 """
 
 
+def _where_stuck(pid: int) -> str:
+    """What a child that outlived its timeout was doing: each thread's state, kernel wait and signal masks."""
+    parts = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int) if os.path.isdir(f"/proc/{pid}/task") else []:
+        with contextlib.suppress(OSError):
+            fields = dict(
+                line.split(":\t", 1) for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines()
+            )
+            wchan = Path(f"/proc/{pid}/task/{tid}/wchan").read_text()
+            keys = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigCgt")
+            parts.append(f"thread {tid} wchan={wchan} " + " ".join(f"{k}={fields.get(k, '?').strip()}" for k in keys))
+    return "; ".join(parts) or "no /proc entry"
+
+
 def run_rolloutcli(
     argv: Sequence[str],
     *,
@@ -308,9 +322,10 @@ def run_rolloutcli(
     try:
         process.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
+        stuck = _where_stuck(process.pid)
         process.kill()
         process.wait()
-        err.append("<test: the child was killed after the timeout>\n")
+        err.append(f"<test: the child was killed after the timeout; {stuck}>\n")
     for pump in pumps:
         pump.join(timeout=10)
     while True:
