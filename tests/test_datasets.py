@@ -138,6 +138,24 @@ def test_split_on_a_dataset_workers_and_resume(cli, runs: Path, tmp_path: Path) 
     assert tree(tmp_path / "res") == tree(tmp_path / "one")
 
 
+def test_resume_redoes_an_output_whose_input_changed(cli, runs: Path, tmp_path: Path) -> None:
+    data, options, run = resolve([runs]), SplitOptions(), RunOptions()
+
+    def unit(src: Path, out: Path) -> tuple:
+        return (_fail, (src,)) if src.name == "r2.h5" else (run_split, (src, out, options, run))
+
+    record = {"pad_to": "rollout", "max_length": None}
+    with pytest.raises(RolloutError, match=r"r2\.h5: injected"):
+        run_dataset(data, tmp_path / "res", "split", record, unit, EngineOptions())
+    # same schema and size, other rewards: the recorded hash no longer matches, so r0's output is redone
+    write_rollout(runs / "r0.h5", rollout_arrays(T=20, N=2, seed=9))
+    code, out, err = cli("split", runs, "-o", tmp_path / "res", "--resume", "--json")
+    assert code == 0, err
+    assert json.loads(out)["reused"] == 1
+    assert cli("split", runs, "-o", tmp_path / "fresh")[0] == 0
+    assert tree(tmp_path / "res") == tree(tmp_path / "fresh")
+
+
 def _fail(src: Path) -> None:
     raise RolloutError(f"{src}: injected failure")
 

@@ -82,25 +82,41 @@ def _check_destination(dataset: Dataset, dst: Path, overwrite: bool, resume: boo
         )
 
 
-def _reusable(tmp: Path, record: dict[str, Any], inputs: list[dict[str, Any]]) -> set[str]:
-    """Names of outputs in ``tmp`` an earlier run finished whose input and output hashes still match."""
+def _reusable(tmp: Path, record: dict[str, Any], dataset: Dataset) -> dict[str, dict[str, Any]]:
+    """The input entries (by name) of outputs in ``tmp`` an earlier run finished whose input and output hashes
+    still match."""
     try:
         old = json.loads((tmp / "dataset.json").read_text())
     except (OSError, ValueError):
-        return set()
+        return {}
     if old.get("command") != record["command"] or old.get("options") != record["options"]:
         raise RolloutError(
             f"{tmp}: --resume: expected the options of the run that left it ({old.get('options')}), found "
             f"{record['options']}. Rerun with the same options, or delete the folder.",
             exit_code=EXIT_USAGE,
         )
-    done = {entry["name"] for entry in inputs if entry in old.get("inputs", [])}
-    keep = set()
+    recorded = {entry.get("name"): entry for entry in old.get("inputs", [])}
+    keep = {}
     for out in old.get("outputs", []):
-        path = tmp / out["name"]
-        if out["name"] in done and path.is_file() and _entry(path, out["name"]) == out:
-            keep.add(out["name"])
+        name, path = out.get("name"), tmp / str(out.get("name"))
+        if name not in recorded or name not in dataset.names or not path.is_file():
+            continue
+        source = _input_entry(dataset.files[dataset.names.index(name)], name)
+        if source == recorded[name] and _entry(path, name) == out:
+            keep[name] = source
     return keep
+
+
+def _input_entry(path: Path, name: str) -> dict[str, Any]:
+    return {"path": os.path.abspath(path), **_entry(path, name)}
+
+
+def hashed_unit(fn: Callable[..., Any], args: tuple[Any, ...], src: Path, out: Path, name: str) -> dict[str, Any]:
+    """A dataset's work unit: the command's unit ``fn(*args)`` writing ``out`` from ``src``, then the entries of
+    both for ``dataset.json`` (hashed in the worker, so the hashing runs in parallel too)."""
+    source = _input_entry(src, name)
+    fn(*args)
+    return {"input": source, "output": _entry(out, name)}
 
 
 def run_dataset(
@@ -121,9 +137,6 @@ def run_dataset(
     dst = Path(dst)
     tmp = partial_folder(dst)
     _check_destination(dataset, dst, overwrite, resume, tmp)
-    inputs = [
-        {"path": os.path.abspath(f), **_entry(f, name)} for f, name in zip(dataset.files, dataset.names, strict=True)
-    ]
     record: dict[str, Any] = {
         "format": DATASET_FORMAT,
         "format_version": DATASET_VERSION,
@@ -132,38 +145,40 @@ def run_dataset(
         "inputs": [],
         "outputs": [],
     }
-    keep = _reusable(tmp, record, inputs) if resume and tmp.is_dir() else set()
+    keep = _reusable(tmp, record, dataset) if resume and tmp.is_dir() else {}
     start_engine(engine)
     tmp.mkdir(exist_ok=True)
-    outputs: dict[str, dict[str, Any]] = {}
+    inputs, outputs = dict(keep), {name: _entry(tmp / name, name) for name in keep}
     units, names = [], []
-    for file, entry in zip(dataset.files, inputs, strict=True):
-        out = tmp / entry["name"]
-        if entry["name"] in keep:
-            outputs[entry["name"]] = _entry(out, entry["name"])
+    for file, name in zip(dataset.files, dataset.names, strict=True):
+        if name in keep:
             continue
+        out = tmp / name
         out.parent.mkdir(parents=True, exist_ok=True)
         if os.path.lexists(out):
             out.unlink()
-        units.append(make_unit(Path(os.path.abspath(file)), out))  # absolute: tasks run in other folders
-        names.append(entry["name"])
+        src = Path(os.path.abspath(file))  # absolute: tasks run in other folders
+        units.append((hashed_unit, (*make_unit(src, out), src, out, name)))
+        names.append(name)
 
-    def done(index: int, _summary: Any) -> None:  # record progress so a later --resume can skip it
-        name = names[index]
-        outputs[name] = _entry(tmp / name, name)
-        finished = [e for e in inputs if e["name"] in outputs]
-        _write_record(tmp, {**record, "inputs": finished, "outputs": [outputs[e["name"]] for e in finished]})
+    def entries() -> dict[str, list[dict[str, Any]]]:
+        finished = [name for name in dataset.names if name in outputs]
+        return {"inputs": [inputs[n] for n in finished], "outputs": [outputs[n] for n in finished]}
+
+    def done(index: int, result: dict[str, Any]) -> None:  # record progress so a later --resume can skip it
+        inputs[names[index]], outputs[names[index]] = result["input"], result["output"]
+        _write_record(tmp, {**record, **entries()})
 
     try:
         run_units(units, engine, done)
     finally:
         close_pools()
-    _write_record(tmp, {**record, "inputs": inputs, "outputs": [outputs[e["name"]] for e in inputs]})
+    _write_record(tmp, {**record, **entries()})
     _publish(tmp, dst, overwrite)
     return {
         "input": [str(f) for f in dataset.files],
         "output": str(dst),
-        "files": len(inputs),
+        "files": len(dataset.files),
         "reused": len(keep),
         "bytes_written": sum(o["size_bytes"] for o in outputs.values()),
     }

@@ -143,9 +143,15 @@ def close_pools() -> None:
         _POOLS.popitem()[1].shutdown(wait=True, cancel_futures=True)
 
 
+def _modules(units: Sequence[Unit]) -> list[str]:
+    """The modules of the units' functions and of the functions they take as arguments (a wrapped unit)."""
+    functions = [f for fn, args in units for f in (fn, *args) if callable(f) and hasattr(f, "__module__")]
+    return sorted({f.__module__ for f in functions if isinstance(f.__module__, str)})
+
+
 def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
     workers = min(options.workers, len(units))
-    pool = _pool(workers, sorted({fn.__module__ for fn, _ in units}))
+    pool = _pool(workers, _modules(units))
     futures = {pool.submit(_call, fn, args, options.env()): i for i, (fn, args) in enumerate(units)}
     try:
         for future, index in futures.items():  # in submission order: a failure is the first failing unit's
