@@ -124,6 +124,9 @@ def batch(
     # The export is file I/O and row copies on the CPU (orders are drawn on the CPU so shards are the same
     # on every machine): no --device; ShardDataset picks where batches go.
     compression = compression and compression.value
+    from rolloutcli.pipeline.engine import prestart
+
+    prestart(common.engine, ["rolloutcli.pipeline.parallel_export"])  # its imports overlap this process's
     from rolloutcli.pipeline.batch import BatchOptions, HistoryOptions, TransitionOptions, run_batch
 
     options: BatchOptions | HistoryOptions | TransitionOptions

@@ -43,6 +43,7 @@ def per_file(
     """Run ``single(file)`` for one plain file, else the dataset job (``-o`` a folder)."""
     from rolloutcli.dataset import check_agreement
     from rolloutcli.pipeline.dataset_job import run_dataset
+    from rolloutcli.pipeline.engine import prestart, unit_modules
 
     dataset = resolve_inputs(files)
     if not dataset.many:
@@ -53,6 +54,7 @@ def per_file(
         raise RolloutError(
             f"{command}: expected an output folder (-o FOLDER) for a dataset, found none.", exit_code=EXIT_USAGE
         )
+    prestart(engine, ["rolloutcli.pipeline.dataset_job", *unit_modules([make_unit(dataset.files[0], output)])])
     check_agreement(dataset.files)
     return run_dataset(dataset, output, command, options, make_unit, engine, overwrite=overwrite, resume=resume)
 

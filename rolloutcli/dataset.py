@@ -13,8 +13,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from threading import Event
 
-from rolloutcli.errors import EXIT_BAD_DATA, EXIT_USAGE, RolloutError
+import xxhash
+
+from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.reader import RolloutReader
 
@@ -142,3 +145,23 @@ def check_agreement(
 
 def _show(signature: tuple[str, tuple[int, ...]], what: str) -> str:
     return signature[0] if what == "dtype" else str(list(signature[1]))
+
+
+HASH_BLOCK = (
+    1 << 20
+)  # read into one reused buffer that stays in cache: twice the speed of 8 MiB reads (benchmarks/README.md)
+
+
+def file_hash(path: Path, stop: Event | None = None) -> str:
+    """XXH3-128 of a file (``xxh128sum FILE``); ``stop`` set: ends early (the result is then meaningless)."""
+    digest, buffer = xxhash.xxh3_128(), bytearray(HASH_BLOCK)
+    view = memoryview(buffer)
+    try:
+        with open(path, "rb", buffering=0) as handle:
+            while not (stop is not None and stop.is_set()) and (count := handle.readinto(buffer)):
+                digest.update(view[:count])
+    except OSError as exc:
+        raise RolloutError(
+            f"{path}: cannot read the file to hash it: {exc.strerror or exc}.", exit_code=EXIT_IO
+        ) from exc
+    return digest.hexdigest()

@@ -191,3 +191,19 @@ def test_inspect_a_dataset_table_totals_and_statistics_over_all_files(cli, runs:
     assert code == 0 and any("z.h5: field 'time_outs': expected it as in" in w for w in json.loads(out)["warnings"])
     code, _, err = cli("inspect", runs, "--strict", "-q")
     assert code == 1 and "--strict" in err
+
+
+@pytest.mark.parametrize("size", [0, 1, 1 << 20, (5 << 19) + 3])
+def test_file_hash_is_xxh128sum_across_read_blocks(tmp_path: Path, size: int) -> None:
+    import threading
+
+    import xxhash
+
+    from rolloutcli.dataset import file_hash
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes())
+    assert file_hash(path) == xxhash.xxh3_128(path.read_bytes()).hexdigest()
+    stop = threading.Event()
+    stop.set()
+    assert file_hash(path, stop) == xxhash.xxh3_128(b"").hexdigest()  # stopped: reads nothing

@@ -153,3 +153,20 @@ def test_batch_distillation_on_workers_same_bytes(cli, tmp_path: Path) -> None:
     assert cli("batch", SAMPLE, "-o", tmp_path / "one", "-m", 4, "--distillation")[0] == 0
     assert cli("batch", SAMPLE, "-o", tmp_path / "two", "-m", 4, "--distillation", "--workers", 2)[0] == 0
     assert tree(tmp_path / "one") == tree(tmp_path / "two")
+
+
+PRESTARTED = """
+from rolloutcli.pipeline.engine import EngineOptions, prestart, run_units
+prestart(EngineOptions(workers={workers}), ["colorsys"])
+loaded = "'colorsys' in __import__('sys').modules"  # in the worker: preloaded by its process server?
+print(run_units([(eval, (loaded,))] * 2, EngineOptions(workers=2)))
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_prestart_starts_the_process_server_with_the_modules_only_for_several_workers(workers: int) -> None:
+    import subprocess
+
+    script = PRESTARTED.format(workers=workers)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ("[True, True]" if workers > 1 else "[False, False]")

@@ -17,9 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
-from rolloutcli.dataset import Dataset
+from rolloutcli.dataset import Dataset, file_hash
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file
 from rolloutcli.hdf5.rename import rename_noreplace
@@ -28,20 +26,6 @@ from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_uni
 DATASET_FORMAT = "rolloutcli.dataset"
 DATASET_VERSION = 1
 PARTIAL = ".rolloutcli-partial"
-
-
-def file_hash(path: Path) -> str:
-    """XXH3-128 of a file (``xxh128sum FILE``)."""
-    digest = xxhash.xxh3_128()
-    try:
-        with open(path, "rb") as handle:
-            while chunk := handle.read(8 << 20):
-                digest.update(chunk)
-    except OSError as exc:
-        raise RolloutError(
-            f"{path}: cannot read the file to hash it: {exc.strerror or exc}.", exit_code=EXIT_IO
-        ) from exc
-    return digest.hexdigest()
 
 
 def partial_folder(dst: Path) -> Path:

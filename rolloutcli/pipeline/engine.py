@@ -9,6 +9,7 @@ depend on the engine, the worker count or the order units finish in. The driver 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import socket
 from collections.abc import Callable, Iterator, Sequence
@@ -95,6 +96,14 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def prestart(options: EngineOptions, modules: list[str]) -> None:
+    """Start the local pool's process server now (``--workers`` > 1), importing ``modules`` (the units'), so
+    that its imports (seconds, with torch) run on another CPU while this process imports and plans."""
+    if options.engine == "local" and options.workers > 1:
+        multiprocessing.get_context("forkserver").set_forkserver_preload(modules)
+        multiprocessing.forkserver.ensure_running()
+
+
 def start_engine(options: EngineOptions) -> None:
     """Connect to Ray now (``--engine ray``), so an unreachable cluster fails before anything is written."""
     check_engine(options)
@@ -143,7 +152,7 @@ def close_pools() -> None:
         _POOLS.popitem()[1].shutdown(wait=True, cancel_futures=True)
 
 
-def _modules(units: Sequence[Unit]) -> list[str]:
+def unit_modules(units: Sequence[Unit]) -> list[str]:
     """The modules of the units' functions and of the functions they take as arguments (a wrapped unit)."""
     functions = [f for fn, args in units for f in (fn, *args) if callable(f) and hasattr(f, "__module__")]
     return sorted({f.__module__ for f in functions if isinstance(f.__module__, str)})
@@ -151,7 +160,7 @@ def _modules(units: Sequence[Unit]) -> list[str]:
 
 def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
     workers = min(options.workers, len(units))
-    pool = _pool(workers, _modules(units))
+    pool = _pool(workers, unit_modules(units))
     futures = {pool.submit(_call, fn, args, options.env()): i for i, (fn, args) in enumerate(units)}
     try:
         for future, index in futures.items():  # in submission order: a failure is the first failing unit's

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import xxhash
 
 from rolloutcli.core.batching import BatchPlan, block_rows
-from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
+from rolloutcli.dataset import file_hash
+from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import (
@@ -45,19 +45,8 @@ Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
 
 
 def _hash_files(paths: list[Path], stop: threading.Event) -> list[str]:
-    """Each source's XXH3-128 (``xxh128sum FILE``), hashed beside the export: sha256 would make it wait."""
-    out = []
-    for path in paths:
-        digest = xxhash.xxh3_128()
-        try:
-            with open(path, "rb") as handle:
-                while not stop.is_set() and (chunk := handle.read(8 << 20)):
-                    digest.update(chunk)
-        except OSError as exc:
-            message = f"{path}: cannot read the file to hash it: {exc.strerror or exc}."
-            raise RolloutError(message, exit_code=EXIT_IO) from exc
-        out.append(digest.hexdigest())
-    return out
+    """Each source's XXH3-128, hashed beside the export (sha256 would make it wait)."""
+    return [file_hash(path, stop) for path in paths]
 
 
 @contextmanager
