@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rollout_factory import rollout_arrays, write_rollout
 
+from rolloutcli.core import returns_to_go as rtg
 from rolloutcli.core.returns_to_go import returns_to_go
 
 
@@ -76,6 +77,41 @@ def test_property_equals_naive_and_recursion_holds(T, N, seed, gamma, with_time_
         expect = rewards[t] + np.float32(gamma) * returns[t + 1]
         assert np.array_equal(returns[t][inside], expect[inside])
     assert np.array_equal(truncated[-1] == 1, (dones[-1] == 0) | ((time_outs[-1] != 0) if with_time_outs else False))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    T=st.integers(1, 30), N=st.integers(1, 4), seed=st.integers(0, 10_000), end_rate=st.sampled_from([0, 0.1, 0.5, 1])
+)
+def test_both_paths_give_the_naive_bits(T, N, seed, end_rate):
+    """By step and by episode step (whichever the episodes' lengths pick): the same bits, -0.0 and inf too."""
+    rng = np.random.default_rng(seed)
+    rewards = rng.normal(size=(T, N)).astype(np.float32)
+    rewards[rng.random((T, N)) < 0.1] = -0.0
+    rewards[rng.random((T, N)) < 0.05] = np.inf
+    dones = (rng.random((T, N)) < end_rate).astype(np.uint8)
+    time_outs = (dones & (rng.random((T, N)) < 0.5)).astype(np.uint8)
+    ref = naive(rewards, dones, time_outs, 0.97)
+    ended, cut_here, g = dones != 0, time_outs != 0, np.float32(0.97)
+    with np.errstate(all="ignore"):
+        paths = [
+            rtg._by_step(rewards, ended, cut_here, g),
+            rtg._by_episode_step(rewards, ended, cut_here, g, *rtg._episodes(ended)),
+        ]
+    for returns, truncated in paths:  # (the naive loop starts an open episode at r, not r + gamma * 0: -0.0)
+        assert np.array_equal(returns, ref[0]) and np.array_equal(truncated, ref[1])
+    assert paths[0][0].tobytes() == paths[1][0].tobytes()
+
+
+def test_one_env_of_many_short_episodes_runs_by_episode_step():
+    rewards = np.arange(20_050, dtype=np.float32).reshape(-1, 1) % 7
+    dones = np.zeros((20_050, 1), np.uint8)
+    dones[99::100] = 1
+    assert rtg._episodes(dones != 0)[1].max() == 100  # 100 rounds instead of 20,050
+    returns, truncated = returns_to_go(rewards, dones, None, 0.9)
+    ref = naive(rewards[:300], dones[:300], None, 0.9)
+    assert returns[:300].tobytes() == ref[0].tobytes()
+    assert not truncated[:-50].any() and truncated[-50:].all()  # the last 50 steps: cut by the recording's end
 
 
 def _offline(path: Path, seed: int = 5, T: int = 30, N: int = 9) -> tuple[Path, dict[str, np.ndarray]]:
