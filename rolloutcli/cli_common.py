@@ -183,10 +183,16 @@ def with_common(
         @functools.wraps(fn)
         def command(**kwargs: Any) -> None:
             shared = {name: kwargs.pop(name) for name, _, _ in groups}
-            if engine:
-                runner = [shared.pop(name) for name, _, _ in _ENGINE]
-                shared["engine"] = engine_options(*runner)
-            fn(**kwargs, common=Common(**shared))
+            if not engine:
+                fn(**kwargs, common=Common(**shared))
+                return
+            from rolloutcli.pipeline.engine import close_pools
+
+            shared["engine"] = engine_options(*[shared.pop(name) for name, _, _ in _ENGINE])
+            try:
+                fn(**kwargs, common=Common(**shared))
+            finally:  # also a pool started early for a command that then failed
+                close_pools()
 
         command.__signature__ = inspect.Signature(own + added)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in own + added}

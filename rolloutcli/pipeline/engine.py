@@ -8,14 +8,15 @@ depend on the engine, the worker count or the order units finish in. The driver 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +82,7 @@ def _call(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str]) ->
     raise AssertionError("unreachable")
 
 
-@contextmanager
+@contextlib.contextmanager
 def _environment(env: dict[str, str]) -> Iterator[None]:
     """``env`` set while a unit runs (restored after: the unit may run in the driver's own process)."""
     old = {key: os.environ.get(key) for key in env}
@@ -94,14 +95,6 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def prestart(options: EngineOptions, modules: list[str]) -> None:
-    """Start the local pool's process server now (``--workers`` > 1), importing ``modules`` (the units'), so
-    that its imports (seconds, with torch) run on another CPU while this process imports and plans."""
-    if options.engine == "local" and options.workers > 1:
-        multiprocessing.get_context("forkserver").set_forkserver_preload(modules)
-        multiprocessing.forkserver.ensure_running()
 
 
 def start_engine(options: EngineOptions) -> None:
@@ -146,8 +139,36 @@ def _pool(workers: int, modules: list[str]) -> ProcessPoolExecutor:
     return _POOLS[workers]
 
 
+def prestart(options: EngineOptions, modules: list[str]) -> None:
+    """Start the local pool now (``--workers`` > 1): its process server imports ``modules`` (the units'; seconds,
+    with torch) and its workers start their metadata probe helpers (~0.15 s each) while this process imports
+    and plans, instead of after. The workers are started from a thread: each start waits for the server."""
+    if options.engine == "local" and options.workers > 1:
+        pool = _pool(options.workers, modules)
+        multiprocessing.forkserver.ensure_running()
+        thread = threading.Thread(target=_warm, args=(pool, options.workers), name="rolloutcli-warm", daemon=True)
+        thread.start()
+        _WARMING.append(thread)
+
+
+_WARMING: list[threading.Thread] = []
+
+
+def _warm(pool: ProcessPoolExecutor, workers: int) -> None:
+    with contextlib.suppress(Exception):  # a pool that cannot start fails the units that need it, with its reason
+        wait([pool.submit(_warm_worker) for _ in range(workers)])
+
+
+def _warm_worker() -> None:
+    from rolloutcli.hdf5.probe import start_helper
+
+    start_helper()
+
+
 def close_pools() -> None:
     """Shut the local pools down (a command calls it when its units are done: idle workers must not outlive it)."""
+    while _WARMING:
+        _WARMING.pop().join()
     while _POOLS:
         _POOLS.popitem()[1].shutdown(wait=True, cancel_futures=True)
 
@@ -159,7 +180,7 @@ def unit_modules(units: Sequence[Unit]) -> list[str]:
 
 
 def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
-    workers = min(options.workers, len(units))
+    workers = options.workers  # the pool prestart started, if it did
     pool = _pool(workers, unit_modules(units))
     futures = {pool.submit(_call, fn, args, options.env()): i for i, (fn, args) in enumerate(units)}
     try:
