@@ -147,9 +147,9 @@ def _show(signature: tuple[str, tuple[int, ...]], what: str) -> str:
     return signature[0] if what == "dtype" else str(list(signature[1]))
 
 
-HASH_BLOCK = (
-    1 << 20
-)  # read into one reused buffer that stays in cache: twice the speed of 8 MiB reads (benchmarks/README.md)
+# Files are hashed through one reused buffer that stays in the caches: twice the speed of 8 MiB reads
+# (benchmarks/README.md).
+HASH_BLOCK = 1 << 20
 
 
 def file_hash(path: Path, stop: Event | None = None) -> str:
