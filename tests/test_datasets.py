@@ -113,15 +113,7 @@ def test_split_on_a_dataset_workers_and_resume(cli, runs: Path, tmp_path: Path) 
     assert cli("split", runs, "-o", tmp_path / "two", "--workers", "2")[0] == 0
     assert tree(tmp_path / "one") == tree(tmp_path / "two")
     # a run whose last unit fails keeps its partial folder, and --resume redoes only that one
-    data = resolve([runs])
-    options, run = SplitOptions(), RunOptions()
-
-    def unit(src: Path, out: Path) -> tuple:
-        return (_fail, (src,)) if src.name == "r2.h5" else (run_split, (src, out, options, run))
-
-    record = {"pad_to": "rollout", "max_length": None}
-    with pytest.raises(RolloutError, match=r"r2\.h5: injected"):
-        run_dataset(data, tmp_path / "res", "split", record, unit, EngineOptions())
+    _split_failing_last(runs, tmp_path / "res")
     partial = partial_folder(tmp_path / "res")
     assert partial.is_dir() and not (tmp_path / "res").exists()
     assert sorted(e["name"] for e in json.loads((partial / "dataset.json").read_text())["outputs"]) == [
@@ -139,14 +131,7 @@ def test_split_on_a_dataset_workers_and_resume(cli, runs: Path, tmp_path: Path) 
 
 
 def test_resume_redoes_an_output_whose_input_changed(cli, runs: Path, tmp_path: Path) -> None:
-    data, options, run = resolve([runs]), SplitOptions(), RunOptions()
-
-    def unit(src: Path, out: Path) -> tuple:
-        return (_fail, (src,)) if src.name == "r2.h5" else (run_split, (src, out, options, run))
-
-    record = {"pad_to": "rollout", "max_length": None}
-    with pytest.raises(RolloutError, match=r"r2\.h5: injected"):
-        run_dataset(data, tmp_path / "res", "split", record, unit, EngineOptions())
+    _split_failing_last(runs, tmp_path / "res")
     # same schema and size, other rewards: the recorded hash no longer matches, so r0's output is redone
     write_rollout(runs / "r0.h5", rollout_arrays(T=20, N=2, seed=9))
     code, out, err = cli("split", runs, "-o", tmp_path / "res", "--resume", "--json")
@@ -154,6 +139,18 @@ def test_resume_redoes_an_output_whose_input_changed(cli, runs: Path, tmp_path: 
     assert json.loads(out)["reused"] == 1
     assert cli("split", runs, "-o", tmp_path / "fresh")[0] == 0
     assert tree(tmp_path / "res") == tree(tmp_path / "fresh")
+
+
+def _split_failing_last(runs: Path, dst: Path) -> None:
+    """``split`` of ``runs`` into ``dst`` whose unit for r2.h5 (the last) fails: the partial folder stays."""
+    options, run = SplitOptions(), RunOptions()
+
+    def unit(src: Path, out: Path) -> tuple:
+        return (_fail, (src,)) if src.name == "r2.h5" else (run_split, (src, out, options, run))
+
+    record = {"pad_to": "rollout", "max_length": None}
+    with pytest.raises(RolloutError, match=r"r2\.h5: injected"):
+        run_dataset(resolve([runs]), dst, "split", record, unit, EngineOptions())
 
 
 def _fail(src: Path) -> None:

@@ -139,6 +139,9 @@ def _pool(workers: int, modules: list[str]) -> ProcessPoolExecutor:
     return _POOLS[workers]
 
 
+_WARMING: list[threading.Thread] = []  # prestart's threads starting workers (joined before the pools close)
+
+
 def prestart(options: EngineOptions, modules: list[str]) -> None:
     """Start the local pool now (``--workers`` > 1): its process server imports ``modules`` (the units'; seconds,
     with torch) and its workers start their metadata probe helpers (~0.15 s each) while this process imports
@@ -149,9 +152,6 @@ def prestart(options: EngineOptions, modules: list[str]) -> None:
         thread = threading.Thread(target=_warm, args=(pool, options.workers), name="rolloutcli-warm", daemon=True)
         thread.start()
         _WARMING.append(thread)
-
-
-_WARMING: list[threading.Thread] = []
 
 
 def _warm(pool: ProcessPoolExecutor, workers: int) -> None:
