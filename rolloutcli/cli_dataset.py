@@ -39,9 +39,10 @@ def per_file(
     overwrite: bool,
     resume: bool,
     single: Callable[[Path], dict[str, Any]],
+    safety: Any = None,
 ) -> dict[str, Any]:
-    """Run ``single(file)`` for one plain file, else the dataset job (``-o`` a folder)."""
-    from rolloutcli.dataset import check_agreement
+    """Run ``single(file)`` for one plain file, else the dataset job (``-o`` a folder; ``safety``: the
+    ``SafetyOptions`` its files are opened with)."""
     from rolloutcli.pipeline.dataset_job import run_dataset
     from rolloutcli.pipeline.engine import prestart, unit_modules
 
@@ -55,8 +56,9 @@ def per_file(
             f"{command}: expected an output folder (-o FOLDER) for a dataset, found none.", exit_code=EXIT_USAGE
         )
     prestart(engine, ["rolloutcli.pipeline.dataset_job", *unit_modules([make_unit(dataset.files[0], output)])])
-    check_agreement(dataset.files)
-    return run_dataset(dataset, output, command, options, make_unit, engine, overwrite=overwrite, resume=resume)
+    return run_dataset(
+        dataset, output, command, options, make_unit, engine, overwrite=overwrite, resume=resume, safety=safety
+    )
 
 
 def render_dataset(console: Any, summary: dict[str, Any]) -> None:
@@ -128,6 +130,7 @@ def derive_command(
         overwrite=overwrite,
         resume=common.resume,
         single=single,
+        safety=common.run().safety,
     )
     if "reused" in summary:
         common.emit(summary, render_dataset, output)

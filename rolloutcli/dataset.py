@@ -87,7 +87,10 @@ def resolve(args: Sequence[str | Path]) -> Dataset:
     return Dataset(tuple(files), names, root, many, folders)
 
 
-def _signature(reader: RolloutReader) -> dict[str, tuple[str, tuple[int, ...]]]:
+Signature = dict[str, tuple[str, tuple[int, ...]]]
+
+
+def _signature(reader: RolloutReader) -> Signature:
     """Field laid out by env (per-step ``[T, N, ...]``, hidden states ``[T, layers, N, H]``, ``last_values``
     ``[N]``) -> (dtype, shape without T and N) as the reader returns them."""
     out = {}
@@ -100,6 +103,32 @@ def _signature(reader: RolloutReader) -> dict[str, tuple[str, tuple[int, ...]]]:
     return out
 
 
+def signature(file: Path, safety: SafetyOptions | None = None) -> tuple[Signature, tuple[int, int]]:
+    """``file``'s per-step fields (:func:`_signature`) and its ``(T, N)``."""
+    with RolloutReader(file, safety, check=False) as reader:
+        return _signature(reader), (reader.T, reader.N)
+
+
+def check_agrees(base: Path, expected: Signature, file: Path, found: Signature) -> None:
+    """Raise ``RolloutError`` (exit 1, naming both files and the field) unless ``found`` (``file``'s
+    signature) equals ``expected`` (``base``'s)."""
+    for name in sorted(set(expected) | set(found)):
+        ours, theirs = expected.get(name), found.get(name)
+        if ours == theirs:
+            continue
+        if ours is None or theirs is None:
+            where, lacks = (base, file) if ours is not None else (file, base)
+            raise RolloutError(
+                f"{lacks}: field '{name}': expected it as in {where}, found nothing. "
+                "Every file of a dataset needs the same fields."
+            )
+        what = "dtype" if ours[0] != theirs[0] else "trailing shape"
+        raise RolloutError(
+            f"{file}: field '{name}': expected {what} {_show(ours, what)} as in {base}, "
+            f"found {_show(theirs, what)}. Every file of a dataset needs the same fields."
+        )
+
+
 def check_agreement(
     files: Sequence[Path], safety: SafetyOptions | None = None, *, same_steps: str | None = None
 ) -> list[tuple[int, int]]:
@@ -110,34 +139,15 @@ def check_agreement(
     Raises:
         RolloutError: exit 1 naming both files and the field (missing, other trailing shape or dtype, or T).
     """
-    first: dict[str, tuple[str, tuple[int, ...]]] | None = None
-    sizes: list[tuple[int, int]] = []
-    for file in files:
-        with RolloutReader(file, safety, check=False) as reader:
-            signature, size = _signature(reader), (reader.T, reader.N)
+    first, size = signature(files[0], safety)
+    sizes = [size]
+    for file in files[1:]:
+        found, size = signature(file, safety)
         sizes.append(size)
-        if first is None:
-            first = signature
-            continue
-        base = files[0]
-        for name in sorted(set(first) | set(signature)):
-            ours, theirs = first.get(name), signature.get(name)
-            if ours == theirs:
-                continue
-            if ours is None or theirs is None:
-                where, lacks = (base, file) if ours is not None else (file, base)
-                raise RolloutError(
-                    f"{lacks}: field '{name}': expected it as in {where}, found nothing. "
-                    "Every file of a dataset needs the same fields."
-                )
-            what = "dtype" if ours[0] != theirs[0] else "trailing shape"
-            raise RolloutError(
-                f"{file}: field '{name}': expected {what} {_show(ours, what)} as in {base}, "
-                f"found {_show(theirs, what)}. Every file of a dataset needs the same fields."
-            )
+        check_agrees(files[0], first, file, found)
         if same_steps and size[0] != sizes[0][0]:
             raise RolloutError(
-                f"{file}: field 'rewards': expected T = {sizes[0][0]} as in {base} ({same_steps} needs one T "
+                f"{file}: field 'rewards': expected T = {sizes[0][0]} as in {files[0]} ({same_steps} needs one T "
                 f"across files), found T = {size[0]}. Export files of one length together."
             )
     return sizes

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 from rollout_factory import rollout_arrays, write_rollout
@@ -204,3 +205,40 @@ def test_file_hash_is_xxh128sum_across_read_blocks(tmp_path: Path, size: int) ->
     stop = threading.Event()
     stop.set()
     assert file_hash(path, stop) == xxhash.xxh3_128(b"").hexdigest()  # stopped: reads nothing
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_files_that_disagree_are_refused_naming_the_first_one(cli, runs: Path, tmp_path: Path, workers: int) -> None:
+    """Each unit checks its own file against the first one; the first disagreeing file in sorted order is named,
+    as a serial check would, and nothing is published."""
+    arrays = rollout_arrays(T=12, N=3, seed=4)
+    arrays["actions"] = arrays["actions"].astype(np.float64)
+    write_rollout(runs / "r1.h5", arrays)
+    arrays = rollout_arrays(T=12, N=3, seed=5)
+    del arrays["time_outs"]
+    write_rollout(runs / "r3.h5", arrays)
+    code, _, err = cli("gae", runs, "-o", tmp_path / "out", "--workers", workers)
+    assert code == 1
+    assert err.strip() == (
+        f"error: {runs / 'r1.h5'}: field 'actions': expected dtype float32 as in {runs / 'a' / 'r1.h5'}, found "
+        "float64. Every file of a dataset needs the same fields."
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_with_external_storage_is_read_with_allow_external(cli, runs: Path, tmp_path: Path) -> None:
+    """The agreement check opens files as the command does: ``--allow-external`` reaches it too."""
+    raw = tmp_path / "rewards.bin"
+    rewards = np.arange(36, dtype=np.float32)
+    raw.write_bytes(rewards.tobytes())
+    arrays = rollout_arrays(T=12, N=3, seed=4)
+    write_rollout(runs / "r3.h5", arrays)
+    with h5py.File(runs / "r3.h5", "a") as handle:
+        del handle["rewards"]
+        handle.create_dataset("rewards", shape=(12, 3), dtype=np.float32, external=[(str(raw), 0, 36 * 4)])
+    code, _, err = cli("gae", runs, "-o", tmp_path / "refused")
+    assert code == 4 and "external raw storage" in err and not (tmp_path / "refused").exists()
+    code, _, err = cli("gae", runs, "-o", tmp_path / "out", "--allow-external")
+    assert code == 0, err
+    assert cli("gae", runs / "r3.h5", "-o", tmp_path / "single.h5", "--allow-external")[0] == 0
+    assert (tmp_path / "out" / "r3.h5").read_bytes() == (tmp_path / "single.h5").read_bytes()

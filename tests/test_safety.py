@@ -298,3 +298,28 @@ def test_helper_started_early_is_the_one_the_probe_asks(tmp_path: Path, monkeypa
     probe.probe_metadata(path)
     assert len(started) == 1
     probe._stop_helper()
+
+
+def test_probed_once_probes_an_unchanged_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside ``probed_once`` a sound file is probed once while it is unchanged (a dataset unit opens its input
+    twice); another modification time, or ``allow_external``, probes again; outside it every open probes."""
+    from rolloutcli.hdf5 import probe
+
+    path = make_rollout(tmp_path / "r.h5")
+    asked: list[str] = []
+    real = probe._ask
+    monkeypatch.setattr(probe, "_ask", lambda request, timeout: asked.append(request["path"]) or real(request, timeout))
+    probe.probe_metadata(path)
+    probe.probe_metadata(path)
+    assert len(asked) == 2
+    with probe.probed_once():
+        probe.probe_metadata(path)
+        RolloutStorage.from_hdf5(path)  # opens it through the reader
+        assert len(asked) == 3
+        probe.probe_metadata(path, allow_external=True)
+        assert len(asked) == 4
+        os.utime(path, ns=(1, 1))
+        probe.probe_metadata(path)
+        assert len(asked) == 5
+    probe.probe_metadata(path)
+    assert len(asked) == 6

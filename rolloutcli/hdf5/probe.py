@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,13 @@ def probe_metadata(path: Path | str, allow_external: bool = False, timeout: floa
     if not hasattr(os, "fork"):
         return
     request = {"path": os.path.abspath(os.fsdecode(path)), "allow_external": allow_external, "timeout": timeout}
+    identity = _identity(request["path"])
+    key = (request["path"], allow_external, identity)
+    if _PROBED is not None and key in _PROBED:
+        return
     answer = _ask(request, timeout + HELPER_SLACK)
+    if answer is not None and answer["status"] == "ok" and _PROBED is not None and identity is not None:
+        _PROBED.add(key)
     if answer is None or answer["status"] == "ok":
         return  # no helper could answer (it is not the file's fault): the caller reads the file directly
     if answer["status"] == "timeout":
@@ -57,6 +64,30 @@ def probe_metadata(path: Path | str, allow_external: bool = False, timeout: floa
         "Re-export it from its source.",
         exit_code=EXIT_BAD_DATA,
     )
+
+
+_PROBED: set[tuple[Any, ...]] | None = None  # inside ``probed_once``: the files found sound, as they were then
+
+
+@contextlib.contextmanager
+def probed_once() -> Iterator[None]:
+    """Inside the block, a file found sound is not probed again while it is the same file with the same size
+    and modification and change times (a dataset's work unit opens its input twice: a probe is a fork and a
+    metadata read, ~30 ms). Outside it, every open probes."""
+    global _PROBED
+    outer, _PROBED = _PROBED, set()
+    try:
+        yield
+    finally:
+        _PROBED = outer
+
+
+def _identity(path: str) -> tuple[int, ...] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 # --------------------------------------------------------------------------------- this process: the client

@@ -17,9 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rolloutcli.dataset import Dataset, file_hash
+from rolloutcli.dataset import Dataset, Signature, check_agrees, file_hash, signature
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file
+from rolloutcli.hdf5.limits import SafetyOptions
+from rolloutcli.hdf5.probe import probed_once
 from rolloutcli.hdf5.rename import rename_noreplace
 from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
 
@@ -95,11 +97,21 @@ def _input_entry(path: Path, name: str) -> dict[str, Any]:
     return {"path": os.path.abspath(path), **_entry(path, name)}
 
 
-def hashed_unit(fn: Callable[..., Any], args: tuple[Any, ...], src: Path, out: Path, name: str) -> dict[str, Any]:
-    """A dataset's work unit: the command's unit ``fn(*args)`` writing ``out`` from ``src``, then the entries of
-    both for ``dataset.json`` (hashed in the worker, so the hashing runs in parallel too)."""
-    source = _input_entry(src, name)
-    fn(*args)
+Base = tuple[Path, Signature, SafetyOptions | None]  # the first file, its per-step fields, how files are opened
+
+
+def hashed_unit(
+    fn: Callable[..., Any], args: tuple[Any, ...], src: Path, out: Path, name: str, base: Base
+) -> dict[str, Any]:
+    """A dataset's work unit: check that ``src``'s per-step fields agree with the first file's, run the
+    command's unit ``fn(*args)`` writing ``out`` from ``src``, then return the entries of both for
+    ``dataset.json``. The check and the hashing run in the workers, in parallel; the file is probed once."""
+    first, expected, safety = base
+    with probed_once():
+        if src != first:
+            check_agrees(first, expected, src, signature(src, safety)[0])
+        source = _input_entry(src, name)
+        fn(*args)
     return {"input": source, "output": _entry(out, name)}
 
 
@@ -113,10 +125,14 @@ def run_dataset(
     *,
     overwrite: bool = False,
     resume: bool = False,
+    safety: SafetyOptions | None = None,
 ) -> dict[str, Any]:
     """Write one output per input of ``dataset`` into the folder ``dst`` (see the module docstring).
 
-    ``make_unit(src, out)`` is the work unit writing ``out`` from ``src`` (it returns its summary).
+    ``make_unit(src, out)`` is the work unit writing ``out`` from ``src`` (it returns its summary). Every file's
+    per-step fields must agree with the first file's (``dataset.check_agreement``'s rule, checked in the units;
+    ``safety``: how they are opened for it). With a local pool the first failing file is reported, as a serial
+    check would.
     """
     dst = Path(dst)
     tmp = partial_folder(dst)
@@ -130,6 +146,8 @@ def run_dataset(
         "outputs": [],
     }
     keep = _reusable(tmp, record, dataset) if resume and tmp.is_dir() else {}
+    first = Path(os.path.abspath(dataset.files[0]))
+    base: Base = (first, signature(first, safety)[0], safety)
     start_engine(engine)
     tmp.mkdir(exist_ok=True)
     inputs, outputs = dict(keep), {name: _entry(tmp / name, name) for name in keep}
@@ -142,7 +160,7 @@ def run_dataset(
         if os.path.lexists(out):
             out.unlink()
         src = Path(os.path.abspath(file))  # absolute: tasks run in other folders
-        units.append((hashed_unit, (*make_unit(src, out), src, out, name)))
+        units.append((hashed_unit, (*make_unit(src, out), src, out, name, base)))
         names.append(name)
 
     def entries() -> dict[str, list[dict[str, Any]]]:
