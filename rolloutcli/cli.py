@@ -216,7 +216,16 @@ def split(
     record = {"unpad": True} if unpad else {"pad_to": options.pad_to, "max_length": options.max_length}
     engine, resume = common.engine, common.resume
     summary = per_file(
-        "split", files, output, record, unit, engine, overwrite=overwrite, resume=resume, single=single, safety=run.safety
+        "split",
+        files,
+        output,
+        record,
+        unit,
+        engine,
+        overwrite=overwrite,
+        resume=resume,
+        single=single,
+        safety=run.safety,
     )
     if "reused" in summary:
         common.emit(summary, render_dataset, output)
