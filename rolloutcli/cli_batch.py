@@ -130,52 +130,27 @@ def batch(
     from rolloutcli.pipeline.batch import BatchOptions, HistoryOptions, TransitionOptions, run_batch
 
     options: BatchOptions | HistoryOptions | TransitionOptions
-    transition_options = (("--n-step", n_step), ("--gamma", gamma), ("--timeouts", timeouts))
+    modes = {"--recurrent": recurrent, "--distillation": distillation, "--rsl-parity": rsl_parity}
+    modes |= {"--shuffle-envs": shuffle_envs, "--history": history is not None, "--batch-size": batch_size is not None}
     if not transitions:
-        for name, value in transition_options:
-            if value is not None:
-                raise RolloutError(f"{name}: expected --transitions with it, found none.", exit_code=EXIT_USAGE)
+        _need("--transitions", {"--n-step": n_step, "--gamma": gamma, "--timeouts": timeouts})
     if transitions:
-        flags = [("--recurrent", recurrent), ("--distillation", distillation), ("--rsl-parity", rsl_parity)]
-        flags += [("--shuffle-envs", shuffle_envs), ("--history", history is not None)]
-        flags += [("--batch-size", batch_size is not None)]
-        given = [name for name, on in flags if on]
-        if given:
-            raise RolloutError(
-                f"--transitions: expected none of {', '.join(given)} (transitions are a mode of their own).",
-                exit_code=EXIT_USAGE,
-            )
+        _alone("--transitions", "transitions", modes)
         _require_mini_batches(num_mini_batches, "--transitions")
         rule = (timeouts or NStepTimeouts.final_value).value
         options = TransitionOptions(
             num_mini_batches, n_step or 1, 0.99 if gamma is None else gamma, rule, epochs, seed, compression
         )
     elif history is not None:
-        flags = [("--recurrent", recurrent), ("--distillation", distillation), ("--rsl-parity", rsl_parity)]
-        given = [name for name, on in [*flags, ("--shuffle-envs", shuffle_envs), ("--batch-size", batch_size)] if on]
-        if given:
-            raise RolloutError(
-                f"--history: expected none of {', '.join(given)} (history windows are a mode of their own).",
-                exit_code=EXIT_USAGE,
-            )
+        _alone("--history", "history windows", {k: v for k, v in modes.items() if k != "--history"})
         groups = _groups(observations)
         _require_mini_batches(num_mini_batches, "--history")
         options = HistoryOptions(history, num_mini_batches, epochs, seed, across_episodes, groups, compression)
     else:
-        for name, on in (("--across-episodes", across_episodes), ("--observations", observations is not None)):
-            if on:
-                raise RolloutError(f"{name}: expected --history K with it, found none.", exit_code=EXIT_USAGE)
+        _need("--history K", {"--across-episodes": across_episodes or None, "--observations": observations})
         mode = "recurrent" if recurrent else "distillation" if distillation else "feedforward"
         options = BatchOptions(
-            num_mini_batches or 0,
-            epochs,
-            seed,
-            mode,
-            rsl_parity,
-            shuffle_envs,
-            compression,
-            batch_size=batch_size,
-            offline=offline,
+            num_mini_batches or 0, epochs, seed, mode, rsl_parity, shuffle_envs, compression, batch_size, offline
         )
     dataset = resolve_inputs(files)
     source = list(dataset.files) if dataset.many else dataset.files[0]
@@ -185,3 +160,19 @@ def batch(
 def _require_mini_batches(num_mini_batches: int | None, mode: str) -> None:
     if num_mini_batches is None:
         raise RolloutError(f"{mode}: expected --num-mini-batches/-m M, found none.", exit_code=EXIT_USAGE)
+
+
+def _need(mode: str, given: dict[str, object]) -> None:
+    """Options that only ``mode`` takes: the first one given (not None) without it is a usage error."""
+    for name, value in given.items():
+        if value is not None:
+            raise RolloutError(f"{name}: expected {mode} with it, found none.", exit_code=EXIT_USAGE)
+
+
+def _alone(mode: str, what: str, others: dict[str, bool]) -> None:
+    """``mode`` is a mode of its own: none of ``others`` may be on with it."""
+    given = [name for name, on in others.items() if on]
+    if given:
+        raise RolloutError(
+            f"{mode}: expected none of {', '.join(given)} ({what} are a mode of their own).", exit_code=EXIT_USAGE
+        )

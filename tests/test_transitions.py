@@ -138,6 +138,17 @@ def test_time_outs_need_final_observations(tmp_path: Path, cli) -> None:
     [
         (["--n-step", "2"], "--n-step: expected --transitions with it, found none."),
         (["--transitions", "--recurrent"], "--transitions: expected none of --recurrent"),
+        (
+            ["--transitions", "--rsl-parity", "--history", "2"],
+            "--transitions: expected none of --rsl-parity, --history (transitions are a mode of their own).",
+        ),
+        (
+            ["--history", "2", "--recurrent", "--shuffle-envs"],
+            "--history: expected none of --recurrent, --shuffle-envs (history windows are a mode of their own).",
+        ),
+        (["--across-episodes"], "--across-episodes: expected --history K with it, found none."),
+        (["--observations", "policy"], "--observations: expected --history K with it, found none."),
+        (["--timeouts", "ignore"], "--timeouts: expected --transitions with it, found none."),
         (["--transitions", "--n-step", "21"], "--n-step: expected at most T = 20 steps, found 21."),
         (["--transitions", "--gamma", "2"], "Invalid value for '--gamma'"),
     ],
