@@ -52,6 +52,18 @@ def dying_once(marker: Path, src: Path, out: Path) -> dict:
     return run_gae(src, out, OPTIONS, RUN)
 
 
+def probing(path: Path) -> tuple[str, bool]:
+    """A unit that probes ``path`` in its worker: the outcome, and whether the worker started a helper of its own."""
+    from rolloutcli.hdf5 import probe
+
+    try:
+        probe.probe_metadata(path)
+        outcome = "ok"
+    except RolloutError as error:
+        outcome = str(error)
+    return outcome, probe._HELPER is not None
+
+
 def failing_once(marker: Path, src: Path, out: Path) -> dict:
     """A unit whose first attempt fails with an I/O error (a flaky file system)."""
     if src.name == "r1.h5" and not marker.exists():
@@ -170,3 +182,26 @@ def test_prestart_starts_the_process_server_with_the_modules_only_for_several_wo
     script = PRESTARTED.format(workers=workers)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == ("[True, True]" if workers > 1 else "[False, False]")
+
+
+def test_local_workers_probe_through_the_drivers_helper(runs: Path, tmp_path: Path) -> None:
+    """The pool's workers ask the driver's metadata probe helper (no helper interpreter of their own), and a file
+    that crashes libhdf5 is still refused from there (the crash happens in the helper's throwaway child)."""
+    import gzip
+
+    from rolloutcli.pipeline.engine import close_pools, run_units
+
+    mutant = tmp_path / "mutant.h5"
+    mutant.write_bytes(
+        gzip.decompress((Path(__file__).parent / "data" / "split_corrupt_named_type.h5.gz").read_bytes())
+    )
+    files = [*sorted(runs.glob("*.h5")), mutant]
+    try:
+        results = run_units([(probing, (path,)) for path in files], EngineOptions(workers=2))
+    finally:
+        close_pools()
+    crashed = (
+        f"{mutant}: libhdf5 crashed (SIGSEGV) while reading the file's metadata; the file is corrupt. "
+        "Re-export it from its source."
+    )
+    assert results == [("ok", False)] * 4 + [(crashed, False)]

@@ -323,3 +323,58 @@ def test_probed_once_probes_an_unchanged_file_once(tmp_path: Path, monkeypatch: 
         assert len(asked) == 5
     probe.probe_metadata(path)
     assert len(asked) == 6
+
+
+def test_probe_falls_back_to_a_helper_of_its_own_when_the_shared_one_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker told of a shared helper that no longer answers (its socket gone) starts one of its own."""
+    from rolloutcli.hdf5 import probe
+
+    path = make_rollout(tmp_path / "r.h5")
+    monkeypatch.setenv(probe.SHARED_ENV, "rolloutcli-probe-gone")
+    monkeypatch.setattr(probe, "_HELPER", None)
+    probe.probe_metadata(path)
+    assert probe._HELPER is not None and probe._SHARED == {}
+    probe._stop_helper()
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to connect as another user")
+def test_shared_helper_answers_only_its_own_user(tmp_path: Path) -> None:
+    """The shared helper's abstract socket has no file permissions: a process of another user is not answered."""
+    import json
+    import socket
+
+    from rolloutcli.hdf5 import probe
+
+    path = make_rollout(tmp_path / "r.h5")
+    address = probe.shared_env()[probe.SHARED_ENV]
+    request = json.dumps({"path": str(path), "allow_external": False, "timeout": 5}).encode() + b"\n"
+
+    def ask(uid: int | None) -> bytes:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a child that becomes another user, then asks
+            try:
+                if uid is not None:
+                    os.setgid(uid)
+                    os.setuid(uid)
+                with socket.socket(socket.AF_UNIX) as connection:
+                    connection.settimeout(10)
+                    connection.connect("\0" + address)
+                    try:
+                        connection.sendall(request)
+                        answer = connection.makefile("rb").readline()
+                    except OSError as error:  # reset: closed without reading the request
+                        answer = type(error).__name__.encode()
+                    os.write(write, b"answer:" + answer)
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as answer:
+            data = answer.read()
+        os.waitpid(pid, 0)
+        return data
+
+    assert ask(None) == b'answer:{"status": "ok"}\n'
+    assert ask(65534) in (b"answer:", b"answer:ConnectionResetError")  # the connection is closed unanswered

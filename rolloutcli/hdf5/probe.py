@@ -8,7 +8,10 @@ corrupt (exit 1) and this process never parses it. Data is never read there.
 
 The throwaway processes are forked from a small helper interpreter (h5py only, started on first use), not from
 this process, whose page tables (large once torch is loaded) every fork would copy. The helper reads requests
-on stdin and exits when this process goes away.
+on stdin and exits when this process goes away. On Linux it also listens on an abstract Unix socket (nothing
+on disk to leave behind; only the same user is answered): the local pool's workers of the same command ask it
+there (``shared_env``) instead of each starting a helper of its own (an interpreter and h5py, ~0.2 s of CPU
+each, which a command on a 2-CPU machine pays in its wall time).
 """
 
 from __future__ import annotations
@@ -18,11 +21,15 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +39,7 @@ from rolloutcli.errors import EXIT_BAD_DATA, RolloutError
 DEFAULT_PROBE_TIMEOUT = 30.0  # seconds for one file's metadata (real files need milliseconds)
 HELPER_SLACK = 15.0  # extra seconds the helper may need to answer (its own start, the fork)
 VLEN_PROBE_BYTES = 64 << 20  # variable-length datasets up to this declared size are read by the probe
+SHARED_ENV = "ROLLOUTCLI_PROBE_HELPER"  # the socket name of a helper this process may ask (see ``shared_env``)
 
 
 def probe_metadata(path: Path | str, allow_external: bool = False, timeout: float | None = None) -> None:
@@ -100,15 +108,31 @@ class _Helper:
         package_parent = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
+        env.pop(SHARED_ENV, None)
         self.owner = os.getpid()
+        # an abstract socket's name (Linux only); random, and the helper answers only this user's processes
+        self.address = f"rolloutcli-probe-{secrets.token_hex(16)}" if sys.platform.startswith("linux") else None
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from rolloutcli.hdf5.probe import serve; serve()"],
+            [sys.executable, "-c", "from rolloutcli.hdf5.probe import serve; serve()", *filter(None, [self.address])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=env,
             start_new_session=True,  # Ctrl-C in a terminal goes to the command, not to the helper
         )
+
+    def listening(self) -> bool:
+        """Whether the helper takes connections on its socket (waits for it to start listening, which it does
+        before its imports: tens of milliseconds)."""
+        deadline = time.monotonic() + HELPER_SLACK
+        while self.address is not None and self.process.poll() is None and time.monotonic() < deadline:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+                try:
+                    connection.connect("\0" + self.address)
+                    return True
+                except OSError:
+                    time.sleep(0.005)
+        return False
 
     def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
         """Send one request; the answer, or None when the helper died or did not answer in time. (The helper
@@ -161,9 +185,13 @@ def _running_helper() -> _Helper | None:
 
 
 def _ask(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-    """This process's helper's answer (started if needed); None when no helper could answer."""
+    """The answer of the helper this process may share (``SHARED_ENV``), else of its own (started if needed);
+    None when no helper could answer."""
     global _HELPER
     with _LOCK:
+        answer = _ask_shared(request, timeout)
+        if answer is not None:
+            return answer
         for _ in range(2):  # a helper that died or got stuck is replaced once
             helper = _running_helper()
             if helper is None:
@@ -176,6 +204,50 @@ def _ask(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     return None
 
 
+def shared_env() -> dict[str, str]:
+    """The environment under which another process of this command (a local pool's worker) asks this process's
+    helper (started if needed) instead of starting its own; empty when none runs."""
+    with _LOCK:
+        helper = _running_helper()
+        if helper is None or not helper.listening():
+            return {}
+        return {SHARED_ENV: helper.address}
+
+
+_SHARED: dict[str, Any] = {}  # this process's connection to the shared helper: address, pid, socket, reader
+
+
+def _ask_shared(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    """The shared helper's answer (the caller holds ``_LOCK``); None when there is none or it failed (the
+    caller then asks a helper of its own)."""
+    address = os.environ.get(SHARED_ENV)
+    if not address or (_HELPER is not None and _HELPER.owner == os.getpid() and _HELPER.address == address):
+        return None
+    try:
+        if _SHARED.get("address") != address or _SHARED.get("pid") != os.getpid():
+            _drop_shared()
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            _SHARED.update(address=address, pid=os.getpid(), socket=connection)
+            connection.settimeout(HELPER_SLACK)
+            connection.connect("\0" + address)
+            _SHARED["reader"] = connection.makefile("rb")
+        connection = _SHARED["socket"]
+        connection.sendall(json.dumps(request).encode() + b"\n")
+        if not select.select([connection], [], [], timeout)[0]:
+            raise OSError("no answer in time")
+        return json.loads(_SHARED["reader"].readline())
+    except (OSError, ValueError):
+        _drop_shared()
+        return None
+
+
+def _drop_shared() -> None:
+    if _SHARED.get("pid") == os.getpid():
+        with contextlib.suppress(OSError):
+            _SHARED["socket"].close()
+    _SHARED.clear()
+
+
 @atexit.register
 def _stop_helper() -> None:
     if _HELPER is not None:
@@ -186,21 +258,50 @@ def _stop_helper() -> None:
 
 
 def serve() -> None:
-    """The helper's loop: one JSON request per line on stdin, one JSON answer per line on stdout."""
+    """The helper's loop: one JSON request per line on stdin, one JSON answer per line on stdout; the same on
+    each connection to the socket ``sys.argv[1]`` (when given), each on a thread of its own."""
+    listener = None
+    if len(sys.argv) > 1:  # listening before the imports: a worker's first connection waits in the backlog
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind("\0" + sys.argv[1])
+        listener.listen(64)
     import h5py  # noqa: F401 - imported once, before the forks
 
     import rolloutcli.hdf5.audit  # noqa: F401
 
-    for line in sys.stdin.buffer:
+    if listener is not None:
+        threading.Thread(target=_accept, args=(listener,), daemon=True).start()
+    _answer(sys.stdin.buffer, sys.stdout.buffer)
+
+
+def _accept(listener: socket.socket) -> None:
+    while True:
+        connection, _ = listener.accept()
+        threading.Thread(target=_connection, args=(connection,), daemon=True).start()
+
+
+def _connection(connection: socket.socket) -> None:
+    with connection, contextlib.suppress(OSError, ValueError):
+        _, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid == os.getuid():  # an abstract socket has no file permissions: another user is not answered
+            _answer(connection.makefile("rb"), connection.makefile("wb"))
+
+
+def _answer(requests: Any, answers: Any) -> None:
+    for line in requests:
         request = json.loads(line)
         answer = _probe_in_child(Path(request["path"]), bool(request["allow_external"]), float(request["timeout"]))
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
+        answers.write(json.dumps(answer).encode() + b"\n")
+        answers.flush()
+
+
+_FORK = threading.Lock()  # one fork at a time; the forked child touches nothing the helper's threads hold
 
 
 def _probe_in_child(path: Path, allow_external: bool, timeout: float) -> dict[str, Any]:
     """Fork a child that reads the metadata; ``{"status": "ok" | "timeout" | "signal", "signal": name}``."""
-    pid = os.fork()
+    with _FORK:
+        pid = os.fork()
     if pid == 0:
         try:
             # SIGALRM's default action ends the process even inside a C loop of libhdf5

@@ -144,8 +144,8 @@ _WARMING: list[threading.Thread] = []  # prestart's threads starting workers (jo
 
 def prestart(options: EngineOptions, modules: list[str]) -> None:
     """Start the local pool now (``--workers`` > 1): its process server imports ``modules`` (the units'; seconds,
-    with torch) and its workers start their metadata probe helpers (~0.15 s each) while this process imports
-    and plans, instead of after. The workers are started from a thread: each start waits for the server."""
+    with torch) and its workers start while this process imports and plans, instead of after. The workers are
+    started from a thread: each start waits for the server."""
     if options.engine == "local" and options.workers > 1:
         pool = _pool(options.workers, modules)
         multiprocessing.forkserver.ensure_running()
@@ -160,9 +160,7 @@ def _warm(pool: ProcessPoolExecutor, workers: int) -> None:
 
 
 def _warm_worker() -> None:
-    from rolloutcli.hdf5.probe import start_helper
-
-    start_helper()
+    """Nothing: submitting it starts a worker (they probe files through the driver's helper: ``_run_pool``)."""
 
 
 def close_pools() -> None:
@@ -180,9 +178,12 @@ def unit_modules(units: Sequence[Unit]) -> list[str]:
 
 
 def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
+    from rolloutcli.hdf5.probe import shared_env
+
     workers = options.workers  # the pool prestart started, if it did
     pool = _pool(workers, unit_modules(units))
-    futures = {pool.submit(_call, fn, args, options.env()): i for i, (fn, args) in enumerate(units)}
+    env = {**options.env(), **shared_env()}  # the workers ask this process's metadata probe helper
+    futures = {pool.submit(_call, fn, args, env): i for i, (fn, args) in enumerate(units)}
     try:
         for future, index in futures.items():  # in submission order: a failure is the first failing unit's
             finished(index, future.result())
