@@ -38,10 +38,11 @@ def _runner(num_envs: int, steps: int):
 def bench_hook(rounds: int, iterations: int, folder: Path) -> float:
     """Each timed run is ``iterations`` iterations of ``OnPolicyRunner.learn``'s loop, on one runner with the
     hook attached and detached in turn (two runners differ by a few percent by themselves: their networks sit at
-    other addresses), the order swapped every round. The hooked run's files are written by the writing process
+    other addresses), the order rotated every round. The hooked run's files are written by the writing process
     while the loop goes on (that work competes for the machine inside the timed run); the wait for the last
     file at the end of the run, which ``learn`` does once per call, is timed apart and reported, and is over
-    before the next run starts."""
+    before the next run starts. A third variant times the plain loop again: the difference between the two plain
+    variants is what the host's noise alone gives, the floor under which no overhead can be told apart."""
     from rsl_rl.runners import OnPolicyRunner
 
     from rolloutcli.record.rsl_rl import attach
@@ -51,10 +52,11 @@ def bench_hook(rounds: int, iterations: int, folder: Path) -> float:
     runner.learn(1)  # warm-up (starts the writing process)
     recorder.detach()
     runner.learn(1)
-    times: dict[str, list[float]] = {"plain": [], "hooked": []}
+    times: dict[str, list[float]] = {"plain": [], "hooked": [], "control": []}  # control: plain again (A/A)
     tails = []
+    names = list(times)
     for r in range(rounds):
-        for name in ("plain", "hooked") if r % 2 == 0 else ("hooked", "plain"):
+        for name in names[r % 3 :] + names[: r % 3]:  # each variant takes each place in turn
             recorder = attach(runner, folder / "hook") if name == "hooked" else None
             start = time.perf_counter()
             OnPolicyRunner.learn(runner, iterations)  # the loop, without the hook's wait at the end
@@ -67,8 +69,10 @@ def bench_hook(rounds: int, iterations: int, folder: Path) -> float:
     ratio = best["hooked"] / best["plain"]
     print(
         f"RSL-RL iteration N=64 T=24 (runs of {iterations} iterations): plain {best['plain'] * 1e3:.1f} ms, "
-        f"hooked {best['hooked'] * 1e3:.1f} ms, overhead {100 * (ratio - 1):+.1f}% (ceiling +5%); waiting for "
-        f"the last file at the end of learn(): median {1e3 * sorted(tails)[len(tails) // 2]:.1f} ms once per call"
+        f"hooked {best['hooked'] * 1e3:.1f} ms, overhead {100 * (ratio - 1):+.1f}% (ceiling +5%); the same plain "
+        f"loop timed again (A/A control: what this host's noise alone gives) "
+        f"{100 * (best['control'] / best['plain'] - 1):+.1f}%; waiting for the last file at the end of learn(): "
+        f"median {1e3 * sorted(tails)[len(tails) // 2]:.1f} ms once per call"
     )
     return ratio
 

@@ -199,3 +199,39 @@ def test_ctrl_c_in_the_loop_keeps_the_finished_files(tmp_path: Path) -> None:
     assert [p.name for p in recorder.files] == ["rollout_000000.h5", "rollout_000001.h5"]
     for path in recorder.files:
         assert RolloutStorage.from_hdf5(path).rewards.shape == (T, N, 1)
+
+
+def test_raw_rewards_and_time_outs_kept_per_step(tmp_path: Path) -> None:
+    """The hook's per-step copies: raw rewards every step, time-outs from the first step that has them (zeros
+    before), both fresh each iteration, new buffers when the env's shape changes; the env's buffers are reused."""
+    from types import SimpleNamespace
+
+    from rolloutcli.record.rsl_rl import RslRlRecorder
+
+    alg = SimpleNamespace(storage=SimpleNamespace(num_transitions_per_env=3))
+    alg.process_env_step = lambda *args: None
+    alg.compute_returns = lambda obs: None
+    runner = SimpleNamespace(alg=alg, learn=lambda *args, **kwargs: None, cfg={}, current_learning_iteration=0)
+    recorder = RslRlRecorder(runner, tmp_path)
+    rewards, time_outs = torch.zeros(4), torch.zeros(4, dtype=torch.long)  # reused by the env, as Isaac Lab does
+
+    def iteration(values: list[float], outs: list[list[int] | None]) -> None:
+        recorder._raw = None  # what compute_returns does once an iteration is handed over
+        for value, out in zip(values, outs, strict=True):
+            rewards.fill_(value)
+            extras = {}
+            if out is not None:
+                time_outs.copy_(torch.tensor(out))
+                extras["time_outs"] = time_outs
+            recorder.process_env_step(None, rewards, None, extras)
+
+    iteration([1.0, 2.0, 3.0], [None, [0, 1, 0, 0], [1, 0, 0, 1]])
+    assert recorder._kept["rewards"].tolist() == [[1.0] * 4, [2.0] * 4, [3.0] * 4]
+    assert recorder._kept["time_outs"].tolist() == [[0, 0, 0, 0], [0, 1, 0, 0], [1, 0, 0, 1]]
+    iteration([4.0, 5.0, 6.0], [None, None, [0, 0, 1, 0]])
+    assert recorder._kept["rewards"].tolist() == [[4.0] * 4, [5.0] * 4, [6.0] * 4]
+    assert recorder._kept["time_outs"].tolist() == [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0]]
+    rewards, time_outs = torch.zeros(2), torch.zeros(2, dtype=torch.long)  # another number of envs
+    iteration([7.0, 8.0, 9.0], [None, None, None])
+    assert recorder._kept["rewards"].tolist() == [[7.0] * 2, [8.0] * 2, [9.0] * 2] and "time_outs" not in recorder._kept
+    assert recorder._raw == {"step": 3, "time_outs": False}

@@ -56,6 +56,7 @@ class RslRlRecorder:
         self._pending: list[Future[Path]] = []  # handed to the writing process, in order
         self._raw: dict[str, Any] | None = None  # this iteration's step count, whether time_outs were seen
         self._kept: dict[str, Any] = {}  # [T, ...] raw rewards and time_outs, reused every iteration
+        self._rows: dict[str, tuple[Any, ...]] = {}  # their rows, as views
         self._names: list[str] = []
         self._config = json.dumps(getattr(runner, "cfg", {}), default=repr, sort_keys=True)  # as attached
         self.iteration = int(getattr(runner, "current_learning_iteration", 0))
@@ -112,29 +113,41 @@ class RslRlRecorder:
     def _keep(self, rewards: Any, extras: dict[str, Any]) -> None:
         """Copy what RSL-RL's storage will not hold as given: the raw rewards and ``extras["time_outs"]``
         (verbatim: RSL-RL bootstraps wherever it is set; the env may reuse both buffers), into ``[T, ...]`` rows
-        kept from iteration to iteration (zeros at steps whose extras had no time-outs)."""
-        import torch
-
+        kept from iteration to iteration (zeros at steps whose extras had no time-outs). Each step is one
+        ``copy_`` into a row view made once (indexing the buffer every step cost as much as the copy)."""
         time_outs = extras.get("time_outs")
         if self._raw is None:
-            T = self.alg.storage.num_transitions_per_env
-            kept = self._kept
-            if not kept or kept["rewards"].shape[1:] != rewards.shape or kept["rewards"].device != rewards.device:
-                kept.clear()
-                kept["rewards"] = rewards.new_empty((T, *rewards.shape))
-            if "time_outs" in kept:
-                kept["time_outs"].zero_()
-            self._raw = {"step": 0, "time_outs": False}
-        step, kept = self._raw["step"], self._kept
-        kept["rewards"][step].copy_(rewards)
+            self._start_rows(rewards)
+        raw, rows = self._raw, self._rows
+        assert raw is not None
+        step = raw["step"]
+        rows["rewards"][step].copy_(rewards)
         if time_outs is not None:
-            like = kept.get("time_outs")
-            if like is None or like.shape[1:] != time_outs.shape or like.dtype != time_outs.dtype:
-                T = len(kept["rewards"])
-                kept["time_outs"] = torch.zeros((T, *time_outs.shape), dtype=time_outs.dtype, device=time_outs.device)
-            kept["time_outs"][step].copy_(time_outs)
-            self._raw["time_outs"] = True
-        self._raw["step"] = step + 1
+            like = rows.get("time_outs")
+            if like is None or like[0].shape != time_outs.shape or like[0].dtype != time_outs.dtype:
+                self._new_time_outs(time_outs)
+            rows["time_outs"][step].copy_(time_outs)
+            raw["time_outs"] = True
+        raw["step"] = step + 1
+
+    def _start_rows(self, rewards: Any) -> None:
+        """A new iteration's recording: the raw-reward rows (reused while the env's rewards keep their shape and
+        device) and zeroed time-out rows."""
+        T, kept = self.alg.storage.num_transitions_per_env, self._kept
+        if not kept or kept["rewards"].shape[1:] != rewards.shape or kept["rewards"].device != rewards.device:
+            kept.clear()
+            kept["rewards"] = rewards.new_empty((T, *rewards.shape))
+            self._rows = {"rewards": kept["rewards"].unbind(0)}
+        if "time_outs" in kept:
+            kept["time_outs"].zero_()
+        self._raw = {"step": 0, "time_outs": False}
+
+    def _new_time_outs(self, time_outs: Any) -> None:
+        import torch
+
+        T = len(self._kept["rewards"])
+        self._kept["time_outs"] = torch.zeros((T, *time_outs.shape), dtype=time_outs.dtype, device=time_outs.device)
+        self._rows["time_outs"] = self._kept["time_outs"].unbind(0)
 
     def _steps(self) -> dict[str, Any]:
         """The rollout RSL-RL's storage holds (``[T, ...]``), with the env's raw rewards and time-outs: the tensors
