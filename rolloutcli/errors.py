@@ -35,10 +35,12 @@ class RolloutError(Exception):
 
     @classmethod
     def many(cls, path: object, problems: list[str], *, exit_code: int = EXIT_BAD_DATA) -> RolloutError:
-        """Report several problems of one file at once, joined on one line with ``; ``."""
+        """Report several problems of one file at once, on one line: the file named once, the problems
+        joined with ``; `` (each problem's own line stays in ``problems``)."""
         if len(problems) == 1:
             return cls(problems[0], exit_code=exit_code)
-        joined = "; ".join(problems)
+        parts = [problem.removeprefix(f"{path}: ") for problem in problems]
+        joined = "; ".join([*(part.removesuffix(".") for part in parts[:-1]), parts[-1]])
         return cls(f"{path}: {len(problems)} problems: {joined}", exit_code=exit_code, problems=problems)
 
 

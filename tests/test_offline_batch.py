@@ -49,8 +49,8 @@ def test_forgetting_gae_says_so_exactly(offline, tmp_path, cli):
     assert code == 1 and not (tmp_path / "s").exists()
     fix = "Run `rolloutcli gae` first. For offline data without a critic, pass --offline (exports what the file has)."
     assert err.strip() == (
-        f"error: {src}: 2 problems: {src}: field 'advantages': expected a dataset [T, N], found nothing. {fix}; "
-        f"{src}: field 'returns': expected a dataset [T, N], found nothing. {fix}"
+        f"error: {src}: 2 problems: field 'advantages': expected a dataset [T, N], found nothing. "
+        f"{fix.removesuffix('.')}; field 'returns': expected a dataset [T, N], found nothing. {fix}"
     )
 
 

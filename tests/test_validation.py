@@ -148,7 +148,11 @@ def test_every_problem_reported_at_once(tmp_path: Path) -> None:
         f"{path}: field 'actions': expected shape [T, N, ...] with T=12, N=3, found shape (13, 3, 2).",
         f"{path}: field 'last_values': expected shape [N] = [3] (or [3, 1]), found shape (5,).",
     ]
-    assert str(error.value).startswith(f"{path}: 3 problems: ")
+    assert str(error.value) == (  # the file named once, no ".;" between the problems
+        f"{path}: 3 problems: field 'dones': expected a dataset [T, N], found nothing. Record it; see the format "
+        "contract in the README; field 'actions': expected shape [T, N, ...] with T=12, N=3, found shape "
+        "(13, 3, 2); field 'last_values': expected shape [N] = [3] (or [3, 1]), found shape (5,)."
+    )
 
 
 def test_value_problems_are_inspect_warnings(tmp_path: Path, cli) -> None:
