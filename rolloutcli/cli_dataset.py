@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from rolloutcli.cli_common import Common
 from rolloutcli.errors import EXIT_USAGE, RolloutError
+
+if TYPE_CHECKING:
+    from rolloutcli.hdf5.limits import SafetyOptions
 
 FilesArg = Annotated[
     list[str],
@@ -39,7 +42,7 @@ def per_file(
     overwrite: bool,
     resume: bool,
     single: Callable[[Path], dict[str, Any]],
-    safety: Any = None,
+    safety: SafetyOptions | None = None,
 ) -> dict[str, Any]:
     """Run ``single(file)`` for one plain file, else the dataset job (``-o`` a folder; ``safety``: the
     ``SafetyOptions`` its files are opened with)."""
