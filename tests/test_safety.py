@@ -378,3 +378,19 @@ def test_shared_helper_answers_only_its_own_user(tmp_path: Path) -> None:
 
     assert ask(None) == b'answer:{"status": "ok"}\n'
     assert ask(65534) in (b"answer:", b"answer:ConnectionResetError")  # the connection is closed unanswered
+
+
+def test_helper_that_cannot_listen_still_serves_its_owner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper whose socket cannot be bound (here: a name over the length limit) still answers its owner on its
+    pipes; the owner shares none with workers (they start their own)."""
+    from rolloutcli.hdf5 import probe
+
+    path = make_rollout(tmp_path / "r.h5")
+    monkeypatch.setattr(probe.secrets, "token_hex", lambda nbytes: "x" * 200)
+    monkeypatch.setattr(probe, "LISTEN_WAIT", 0.3)
+    monkeypatch.setattr(probe, "_HELPER", None)
+    assert probe.shared_env() == {}
+    request = {"path": str(path), "allow_external": False, "timeout": 5.0}
+    assert probe._ask(request, 20.0) == {"status": "ok"}
+    assert probe._HELPER is not None and probe._HELPER.process.poll() is None
+    probe._stop_helper()

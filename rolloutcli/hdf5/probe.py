@@ -39,6 +39,7 @@ from rolloutcli.errors import EXIT_BAD_DATA, RolloutError
 DEFAULT_PROBE_TIMEOUT = 30.0  # seconds for one file's metadata (real files need milliseconds)
 HELPER_SLACK = 15.0  # extra seconds the helper may need to answer (its own start, the fork)
 VLEN_PROBE_BYTES = 64 << 20  # variable-length datasets up to this declared size are read by the probe
+LISTEN_WAIT = 2.0  # seconds a starting helper may take to listen on its socket
 SHARED_ENV = "ROLLOUTCLI_PROBE_HELPER"  # the socket name of a helper this process may ask (see ``shared_env``)
 
 
@@ -123,8 +124,9 @@ class _Helper:
 
     def listening(self) -> bool:
         """Whether the helper takes connections on its socket (waits for it to start listening, which it does
-        before its imports: tens of milliseconds)."""
-        deadline = time.monotonic() + HELPER_SLACK
+        before its imports: tens of milliseconds; a helper that could not listen is given up after
+        ``LISTEN_WAIT`` seconds, and the workers then start helpers of their own)."""
+        deadline = time.monotonic() + LISTEN_WAIT
         while self.address is not None and self.process.poll() is None and time.monotonic() < deadline:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
                 try:
@@ -262,9 +264,12 @@ def serve() -> None:
     each connection to the socket ``sys.argv[1]`` (when given), each on a thread of its own."""
     listener = None
     if len(sys.argv) > 1:  # listening before the imports: a worker's first connection waits in the backlog
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind("\0" + sys.argv[1])
-        listener.listen(64)
+        try:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind("\0" + sys.argv[1])
+            listener.listen(64)
+        except OSError:  # no socket (a sandbox may forbid it): the owner is still served on stdin
+            listener = None
     import h5py  # noqa: F401 - imported once, before the forks
 
     import rolloutcli.hdf5.audit  # noqa: F401
