@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -75,7 +77,7 @@ def test_full_shared_memory_falls_back_then_fails_cleanly(tmp_path: Path, monkey
     publisher = worker._Publisher()
     try:
         assert publisher.submit(_job(tmp_path / "a.h5")).result(timeout=60) == tmp_path / "a.h5"
-        assert publisher.slots[0].path.startswith(tempfile.gettempdir())
+        assert publisher.slots[0].folder == tempfile.gettempdir()
         full.add(tempfile.gettempdir())
         publisher.slots.pop().close()  # the next recording needs a new slot
         with pytest.raises(RolloutError) as caught:
@@ -87,16 +89,17 @@ def test_full_shared_memory_falls_back_then_fails_cleanly(tmp_path: Path, monkey
         publisher.close()
 
 
-def test_slots_of_a_killed_training_process_are_removed(tmp_path: Path) -> None:
+def test_a_training_process_that_dies_leaves_no_slot_and_its_file_is_published(tmp_path: Path) -> None:
+    before = _slots()
     script = (
         "import os, sys, torch\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "from test_record_worker import _job\n"
+        "from test_record_worker import _job, _slots\n"
         "from rolloutcli.record import worker\n"
         "from pathlib import Path\n"
-        "worker.publish(_job(Path(sys.argv[2]))).result()\n"
-        "print(worker._publisher().slots[0].path, flush=True)\n"
-        "os._exit(0)  # no atexit: the slot stays behind unless the writing process removes it\n"
+        "future = worker.publish(_job(Path(sys.argv[2])))\n"
+        "print(len(_slots()), worker._publisher().slots[0].folder, flush=True)\n"
+        "os._exit(0)  # no atexit: the writing process finishes what it was handed on its own\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "k.h5")],
@@ -104,9 +107,62 @@ def test_slots_of_a_killed_training_process_are_removed(tmp_path: Path) -> None:
         text=True,
         timeout=120,
         check=True,
-    ).stdout
-    slot = out.split()[-1]
+    ).stdout.split()
+    assert out[0] == str(len(before)) and out[1] in worker._slot_folders()  # the slot never had a name to leave
     deadline = time.monotonic() + 30
-    while os.path.exists(slot) and time.monotonic() < deadline:
+    while not (tmp_path / "k.h5").is_file() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not os.path.exists(slot) and (tmp_path / "k.h5").is_file()
+    with h5py.File(tmp_path / "k.h5", "r") as handle:
+        assert handle["observations/policy"].shape == (T, N, 4)
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_training_job_leaves_no_slot_and_no_half_file(tmp_path: Path, how: int) -> None:
+    """The whole job killed mid-run (a scheduler's SIGTERM to the process group; the OOM killer's SIGKILL): no
+    slot is left in shared memory, every file under its final name is whole, and on SIGTERM no temporary file
+    is left either (the writing process finishes the file it is writing)."""
+    before = _slots()
+    script = (
+        "import itertools, sys, torch\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from test_record_worker import _job\n"
+        "from rolloutcli.record import worker\n"
+        "from pathlib import Path\n"
+        "for i in itertools.count():\n"
+        "    worker.publish(_job(Path(sys.argv[2]) / f'{i}.h5'))\n"
+        "    if i == 3:\n"
+        "        print('running', flush=True)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout.readline() == "running\n"
+        os.killpg(process.pid, how)
+        process.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while _group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _group_alive(process.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert _slots() == before
+    done = sorted(tmp_path.glob("*.h5"))
+    assert len(done) >= 2  # at most _IN_FLIGHT of the 4 handed over were unpublished
+    for path in done:
+        with h5py.File(path, "r") as handle:
+            assert handle["last_values"].shape == (N,)
+    if how == signal.SIGTERM:
+        assert sorted(tmp_path.iterdir()) == done
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -3,15 +3,16 @@
 A recorder that has a whole rollout at once (the RSL-RL hook, once per iteration) hands it over with
 :func:`publish`: its arrays (numpy or torch, any device) are copied into a shared-memory slot (a file in
 ``/dev/shm``, else in the temporary folder) and a small message naming the slot goes through a pipe to one child
-process, ``python -m rolloutcli.record.worker``, which reads the arrays in place, writes them with
+process, ``python -m rolloutcli.record.worker`` (the slot's descriptor through a socket: a slot has no name, so a
+killed process leaves none behind), which reads the arrays in place, writes them with
 :class:`~rolloutcli.record.writer.RolloutWriter` (the same checks, the same bytes) and publishes the file
 atomically. Creating a file's datasets and attributes is libhdf5 work done under the GIL: done in a thread of the
 training process it would stall the training loop for as long, and pickling the arrays through the pipe cost the
 loop more than copying them (benchmarks/README.md, issue 13). Recordings are written in the order handed over;
 at most ``_IN_FLIGHT`` are held at once, one slot each (memory stays bounded: :func:`publish` waits for the
 oldest). The child ignores Ctrl-C (what it was handed is finished) and ends when this process closes the pipe
-(at exit, after the files handed over are published); the slots are removed then (by the child too, should
-this process die first). A failure comes back as the future's exception: a ``RolloutError`` naming the file.
+(at exit, after the files handed over are published); on SIGTERM it finishes the file it is writing and ends. A
+failure comes back as the future's exception: a ``RolloutError`` naming the file.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import mmap
 import os
 import pickle
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -118,30 +120,32 @@ def _slot_folders() -> list[str]:
     return [folder for folder in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(folder)]
 
 
-def _allocate(folder: str, size: int) -> tuple[str, mmap.mmap]:
-    """A new file of ``size`` bytes in ``folder``, mapped; its space taken now (no space raises OSError here, not
+def _allocate(folder: str, size: int) -> tuple[int, mmap.mmap]:
+    """A new file of ``size`` bytes in ``folder``, open and mapped, its name already removed (a killed process
+    leaves nothing behind; the child gets the descriptor); its space taken now (no space raises OSError here, not
     SIGBUS while copying; macOS has no posix_fallocate: the file is only sized there)."""
     fd, path = tempfile.mkstemp(prefix="rolloutcli-record-", dir=folder)
+    os.unlink(path)
     try:
         allocate = getattr(os, "posix_fallocate", None)
         allocate(fd, 0, size) if allocate else os.ftruncate(fd, size)
-        return path, mmap.mmap(fd, size)
+        return fd, mmap.mmap(fd, size)
     except BaseException:
-        os.unlink(path)
-        raise
-    finally:
         os.close(fd)
+        raise
 
 
 class _Slot:
-    """A shared-memory file holding the arrays of one recording handed over (the child reads them in place)."""
+    """A shared-memory file without a name holding the arrays of one recording handed over (the child reads them
+    in place, through the descriptor it is sent); ``folder``: where it is."""
 
     def __init__(self, size: int) -> None:
         self.size, self.future = size, None  # future: the recording it holds, until published
         failure: OSError | None = None
         for folder in _slot_folders():
             try:
-                self.path, self.map = _allocate(folder, size)
+                self.fd, self.map = _allocate(folder, size)
+                self.folder = folder
                 return
             except OSError as error:
                 failure = error
@@ -163,8 +167,7 @@ class _Slot:
 
     def close(self) -> None:
         self.map.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        os.close(self.fd)
 
 
 def write_recording(job: dict[str, Any]) -> Path:
@@ -185,9 +188,15 @@ class _Child:
     def __init__(self) -> None:
         root = str(Path(__file__).resolve().parents[2])  # where this rolloutcli is imported from
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "rolloutcli.record.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-        )
+        self.slots, theirs = socket.socketpair()  # each message's slot descriptor goes through it, just before
+        with theirs:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "rolloutcli.record.worker", str(theirs.fileno())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                pass_fds=[theirs.fileno()],
+            )
         self.waiting: dict[int, tuple[Path, Future[Path]]] = {}
         self.lock = threading.Lock()
         self.alive = True
@@ -218,7 +227,7 @@ class _Child:
                     )
                 )
 
-    def hand(self, ident: int, path: Path, message: Any) -> Future[Path]:
+    def hand(self, ident: int, path: Path, fd: int, message: Any) -> Future[Path]:
         future: Future[Path] = Future()
         with self.lock:  # _read fails every waiting future once the child has ended
             alive = self.alive
@@ -227,6 +236,7 @@ class _Child:
         try:
             if not alive:
                 raise OSError("ended")
+            socket.send_fds(self.slots, [b"s"], [fd])
             _send(self.process.stdin, _frame((ident, message)))  # type: ignore[arg-type]
         except OSError:
             with self.lock:
@@ -241,6 +251,7 @@ class _Child:
         with contextlib.suppress(OSError):
             self.process.stdin.close()  # type: ignore[union-attr]
         self.process.wait()
+        self.slots.close()
 
 
 class _Publisher:
@@ -265,7 +276,7 @@ class _Publisher:
             if self.child is None or not self.child.alive:
                 self.child = _Child()
             self.count += 1
-            future = self.child.hand(self.count, Path(job["writer"]["path"]), (slot.path, slot.size, skeleton))
+            future = self.child.hand(self.count, Path(job["writer"]["path"]), slot.fd, (slot.size, skeleton))
             slot.future = future
             self.held.append(future)
             return future
@@ -304,12 +315,11 @@ def publish(job: dict[str, Any]) -> Future[Path]:
     return _publisher().submit(job)
 
 
-def _write_slot(path: str, size: int, skeleton: dict[str, Any]) -> tuple[str, int] | None:
-    """The child's work for one message: the recording the slot ``path`` holds, written; None or the error."""
+def _write_slot(fd: int, size: int, skeleton: dict[str, Any]) -> tuple[str, int] | None:
+    """The child's work for one message: the recording the slot ``fd`` holds, written; None or the error."""
     buffer = None
     try:
-        with open(path, "rb") as handle:
-            buffer = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ)
+        buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         write_recording(_views(skeleton, buffer))
         return None
     except RolloutError as exc:
@@ -321,30 +331,57 @@ def _write_slot(path: str, size: int, skeleton: dict[str, Any]) -> tuple[str, in
         if buffer is not None:
             with contextlib.suppress(BufferError):  # a view still held (by a traceback): freed with it
                 buffer.close()
+        os.close(fd)
 
 
-def _serve() -> int:
-    """The child: write each recording received on stdin, reply ``(ident, None | (message, exit code))``."""
+class _Stop:
+    """SIGTERM (a scheduler ending the job, ``docker stop``): the recording being written is finished and
+    published, then the child ends; idle, it ends at once (nothing it holds has a name, nothing is left)."""
+
+    def __init__(self) -> None:
+        self.busy = self.asked = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.asked = True
+        if not self.busy:
+            raise SystemExit(128 + signum)
+
+    def work(self, fn: Any, *args: Any) -> Any:
+        self.busy = True
+        try:
+            return fn(*args)
+        finally:
+            self.busy = False
+
+    def check(self) -> None:
+        if self.asked:
+            raise SystemExit(128 + signal.SIGTERM)
+
+
+def _serve(slots: socket.socket) -> int:
+    """The child: write each recording received on stdin from the slot descriptor received on ``slots`` just
+    before it; reply ``(ident, None | (message, exit code))``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the training loop: finish what was handed over
+    stop = _Stop()
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
     requests = os.fdopen(0, "rb")
-    seen: set[str] = set()
-    try:
-        while True:
-            try:
-                ident, (path, size, skeleton) = _receive(requests)
-            except EOFError:
-                return 0
-            seen.add(path)
-            _send(replies, _frame((ident, _write_slot(path, size, skeleton))))
-    finally:  # the training process has ended (or closed the pipe): its slots go too
-        for path in seen:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+    while True:
+        try:
+            ident, (size, skeleton) = _receive(requests)
+        except EOFError:
+            return 0
+        fd = socket.recv_fds(slots, 1, 1)[1][0]
+        stop.work(_reply, replies, ident, fd, size, skeleton)
+        stop.check()
+
+
+def _reply(replies: IO[bytes], ident: int, fd: int, size: int, skeleton: dict[str, Any]) -> None:
+    _send(replies, _frame((ident, _write_slot(fd, size, skeleton))))
 
 
 if __name__ == "__main__":  # the module's own copy serves, so that the messages' _Ref is the one it checks for
     from rolloutcli.record import worker
 
-    sys.exit(worker._serve())
+    sys.exit(worker._serve(socket.socket(fileno=int(sys.argv[1]))))
