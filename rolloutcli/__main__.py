@@ -2,8 +2,9 @@
 
 ``run`` imports the command line inside a guard, so a Ctrl-C while Python is still starting up (importing
 typer and rich) ends with exit 130 and one line, not a KeyboardInterrupt traceback. When an argument names an
-existing path, it first starts the metadata probe's helper (``rolloutcli.hdf5.probe``), whose start then
-overlaps the imports instead of following them.
+existing path, it first starts the metadata probe's helper (``rolloutcli.hdf5.probe``) and, for a command that
+will run a local pool, the pool's process server (``rolloutcli.pipeline.preload``), whose starts then overlap
+the imports instead of following them.
 """
 
 import os
@@ -42,6 +43,9 @@ def run() -> None:
             from rolloutcli.hdf5.probe import start_helper
 
             start_helper()
+            from rolloutcli.pipeline.preload import start_early
+
+            start_early(sys.argv[1:])
         from rolloutcli.cli import main
 
         main()  # ends the process itself; a Ctrl-C before its handlers are in place lands below

@@ -205,3 +205,80 @@ def test_local_workers_probe_through_the_drivers_helper(runs: Path, tmp_path: Pa
         "Re-export it from its source."
     )
     assert results == [("ok", False)] * 4 + [(crashed, False)]
+
+
+@pytest.mark.parametrize(
+    ("command", "extra"),
+    [("gae", []), ("split", []), ("returns", []), ("nstep", ["--n", 3, "--timeouts", "ignore"]), ("batch", ["-m", 2])],
+)
+def test_the_early_preload_names_the_modules_the_pool_units_run(
+    cli, runs: Path, tmp_path: Path, monkeypatch, command: str, extra: list
+) -> None:
+    """``preload.PRELOAD`` (what the entry point starts the pool's server with, before the command is parsed)
+    holds every module the command's pool units come from."""
+    from rolloutcli.pipeline import engine, preload
+
+    seen: set[str] = set()
+    real = engine._pool
+
+    def spy(workers: int, modules: list[str]):
+        seen.update(modules)
+        return real(workers, modules)
+
+    monkeypatch.setattr(engine, "_pool", spy)
+    source = runs if command != "batch" else tmp_path / "gae"
+    if command == "batch":
+        assert cli("gae", runs, "-o", source)[0] == 0
+    code, _, err = cli(command, source, "-o", tmp_path / "out", *extra, "--workers", 2)
+    assert code == 0, err
+    args = [command, str(source), "-o", str(tmp_path / "out"), "--workers", "2"]
+    assert seen and seen <= set(preload.pool_modules(args)) == set(preload.PRELOAD[command])
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["gae", "{runs}", "-o", "o", "--workers", "2"], "gae"),
+        (["gae", "{runs}", "-o", "o", "--workers=3"], "gae"),
+        (["gae", "{runs}/r0.h5", "{runs}/r1.h5", "-o", "o", "--workers", "2"], "gae"),
+        (["split", "{runs}/*.h5", "-o", "o", "--workers", "2"], "split"),
+        (["gae", "{runs}/r0.h5", "-o", "o.h5", "--workers", "2"], None),  # one file: no pool
+        (["batch", "{runs}/r0.h5", "-o", "o", "--workers", "2"], "batch"),  # one file, several workers: a pool
+        (["gae", "{runs}", "-o", "o", "--workers", "1"], None),
+        (["gae", "{runs}", "-o", "o"], None),
+        (["gae", "{runs}", "-o", "o", "--workers", "2", "--engine", "ray"], None),
+        (["gae", "{runs}", "-o", "o", "--workers", "x"], None),
+        (["inspect", "{runs}", "--workers", "2"], None),
+        (["gae", "--help", "--workers", "2"], None),
+        ([], None),
+    ],
+)
+def test_the_early_preload_reads_the_command_line(runs: Path, args: list[str], expected: str | None) -> None:
+    from rolloutcli.pipeline.preload import PRELOAD, pool_modules
+
+    assert pool_modules([a.format(runs=runs) for a in args]) == (PRELOAD[expected] if expected else ())
+
+
+def test_the_entry_point_starts_the_pool_server_before_the_command_line_is_imported(runs: Path, tmp_path: Path):
+    """``python -m rolloutcli gae DIR --workers 2``: the process server runs (with the units' modules) before
+    typer is imported; the outputs are those of one worker."""
+    import subprocess
+
+    script = (
+        "import sys, multiprocessing.forkserver as fs\n"
+        "import rolloutcli.pipeline.preload as p\n"
+        "real = p.start_early\n"
+        "def early(args):\n"
+        "    started = real(args)\n"
+        "    print('server', started, fs._forkserver._forkserver_pid is not None, 'typer' in sys.modules, flush=True)\n"
+        "    return started\n"
+        "p.start_early = early\n"
+        "sys.argv = ['rolloutcli', *sys.argv[1:]]\n"
+        "from rolloutcli.__main__ import run\n"
+        "run()\n"
+    )
+    for workers in (2, 1):
+        args = ["gae", str(runs), "-o", str(tmp_path / f"w{workers}"), "--workers", str(workers)]
+        out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=True).stdout
+        assert out.splitlines()[0] == f"server {workers > 1} {workers > 1} False"
+    assert tree(tmp_path / "w1") == tree(tmp_path / "w2")

@@ -1,0 +1,75 @@
+"""What a command's local pool imports before its first unit, known from the command line alone.
+
+``rolloutcli``'s entry point calls :func:`start_early` before it imports typer, rich and the command: a command
+that will run a local pool (``--workers`` > 1, ``--engine local``, and for the per-file commands a dataset) has
+its pool's process server started at once, so the server's imports (the units' modules; torch for ``batch``) run
+on the second CPU while this process imports, instead of after (figures: benchmarks/README.md). The command's
+own ``engine.prestart`` later finds the server running. A guess that is wrong costs only that start: the pool,
+when one is made, still imports whatever its units need. This module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+PER_FILE = "rolloutcli.pipeline.dataset_job"  # the per-file commands' dataset job wraps every unit
+PRELOAD: dict[str, tuple[str, ...]] = {  # command -> the modules its pool's units run (tests check them)
+    "gae": (PER_FILE, "rolloutcli.pipeline.gae"),
+    "split": (PER_FILE, "rolloutcli.pipeline.split"),
+    "returns": (PER_FILE, "rolloutcli.pipeline.returns"),
+    "nstep": (PER_FILE, "rolloutcli.pipeline.nstep"),
+    "batch": ("rolloutcli.pipeline.parallel_export",),
+}
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """The last value given to ``name`` (``--name V`` or ``--name=V``), else None."""
+    value = None
+    for index, arg in enumerate(args):
+        if arg == name and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _dataset(args: list[str]) -> bool:
+    """Whether the arguments look like a dataset: a directory, a glob, or several existing files."""
+    files = 0
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        if glob.has_magic(arg) or os.path.isdir(arg):
+            return True
+        files += os.path.isfile(arg)
+    return files > 1
+
+
+def pool_modules(args: list[str]) -> tuple[str, ...]:
+    """The modules to preload when ``args`` (``sys.argv[1:]``) run a local pool; empty when they do not."""
+    command = args[0] if args else ""
+    workers = _option(args, "--workers")
+    if command not in PRELOAD or not (workers or "").isdigit() or int(workers or 0) < 2:
+        return ()
+    if (_option(args, "--engine") or "local") != "local" or "--help" in args:
+        return ()
+    if command != "batch" and not _dataset(args[1:]):  # one file runs in this process
+        return ()
+    return PRELOAD[command]
+
+
+def start_early(args: list[str]) -> bool:
+    """Start the pool's process server now with the modules ``args`` call for; whether it was started."""
+    modules = pool_modules(args)
+    if not modules:
+        return False
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
+    try:
+        multiprocessing.forkserver.ensure_running()
+    except OSError:  # no process to spare now: the command's own pool start reports it, with its reason
+        return False
+    return True
