@@ -76,6 +76,11 @@ def bench_hook(rounds: int, iterations: int, folder: Path) -> float:
         f"{100 * (best['control'] / best['plain'] - 1):+.1f}%; waiting for the last file at the end of learn(): "
         f"median {1e3 * sorted(tails)[len(tails) // 2]:.1f} ms once per call"
     )
+    paired = {k: _median([a / b for a, b in zip(times[k], times["plain"], strict=True)]) for k in ("hooked", "control")}
+    print(  # a round's three runs follow one another within a second: a slow spell slows both sides of a pair
+        f"  median over the {rounds} rounds of each round's ratio to its plain run: hooked "
+        f"{100 * (paired['hooked'] - 1):+.1f}%, A/A control {100 * (paired['control'] - 1):+.1f}%"
+    )
     low = {k: min(v) for k, v in cpu.items()}  # CPU time: not lengthened by other tenants taking the CPU
     print(
         f"  the loop thread's CPU time per iteration: plain {low['plain'] * 1e3:.2f} ms, hooked "
@@ -83,6 +88,12 @@ def bench_hook(rounds: int, iterations: int, folder: Path) -> float:
         f"{100 * (low['control'] / low['plain'] - 1):+.1f}%"
     )
     return ratio
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def bench_handover(envs: int, rounds: int, folder: Path) -> float:

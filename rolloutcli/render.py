@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
-import time
 from typing import Any
 
 from rich import box
@@ -19,15 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from rolloutcli.errors import one_line
-from rolloutcli.pipeline.progress import Progress
+from rolloutcli.pipeline.progress import TEST_PAUSE_ENV, Progress, test_pause
 
 stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
-
-# Test hook: when set to a number of seconds, the first block of every command prints one line
-# "rolloutcli: test pause after block 1 ..." on stderr and sleeps, so a test can signal the process while its
-# output is half written (README: "How it is tested").
-TEST_PAUSE_ENV = "ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK"
 
 
 def printable(value: Any) -> Any:
@@ -105,17 +98,9 @@ class RichProgress(Progress):
             self._test_pause()
 
     def _test_pause(self) -> None:
-        """The test hook: announce the first block on stderr, then sleep."""
-        from rolloutcli.hdf5.atomic import live_temporaries
-
+        """The test hook (``pipeline/progress.py``), once."""
         pause, self._pause = self._pause, 0.0
-        writing = " ".join(sorted(os.path.basename(p) for p in live_temporaries())) or "nothing"
-        sys.stderr.write(f"rolloutcli: test pause after block 1 (writing {writing})\n")
-        sys.stderr.flush()
-        # short sleeps: a signal the kernel hands to another thread still reaches the main thread's handler
-        deadline = time.monotonic() + pause
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
+        test_pause(pause)
 
     def finish(self) -> None:
         if self._bar is not None:

@@ -124,6 +124,9 @@ def test_split_on_a_dataset_workers_and_resume(cli, runs: Path, tmp_path: Path) 
     code, _, err = cli("split", runs, "-o", tmp_path / "res")
     assert code == 2 and "--resume" in err
     done_a = (partial / "a" / "r1.h5").stat().st_mtime_ns
+    # what units killed mid-write leave (a SIGKILL removes nothing): never published by the resumed run
+    for stray in (".r2.h5.rolloutcli-tmp-k1ll3d", "a/.r1.h5.rolloutcli-tmp-0ld", ".dataset.json.rolloutcli-tmp-x"):
+        (partial / stray).write_bytes(b"half a file")
     code, out, err = cli("split", runs, "-o", tmp_path / "res", "--resume", "--json")
     assert code == 0, err
     assert json.loads(out)["reused"] == 2 and (tmp_path / "res" / "a" / "r1.h5").stat().st_mtime_ns == done_a

@@ -19,11 +19,12 @@ from typing import Any
 
 from rolloutcli.dataset import Dataset, Signature, check_agrees, file_hash, signature
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
-from rolloutcli.hdf5.atomic import atomic_file
+from rolloutcli.hdf5.atomic import TEMP_MARKER, atomic_file
 from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.probe import probed_once
 from rolloutcli.hdf5.rename import rename_noreplace
 from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
+from rolloutcli.pipeline.progress import unit_progress
 
 DATASET_FORMAT = "rolloutcli.dataset"
 DATASET_VERSION = 1
@@ -93,6 +94,14 @@ def _reusable(tmp: Path, record: dict[str, Any], dataset: Dataset) -> dict[str, 
     return keep
 
 
+def _drop_temporaries(tmp: Path) -> None:
+    """Remove what units of a killed run were writing into ``tmp`` (``.<name>.rolloutcli-tmp-*``: a SIGKILL
+    removes nothing), so the resumed run never publishes it."""
+    for path in sorted(tmp.rglob(f"*{TEMP_MARKER}*")):
+        if path.is_file() or path.is_symlink():
+            path.unlink(missing_ok=True)
+
+
 def _input_entry(path: Path, name: str) -> dict[str, Any]:
     return {"path": os.path.abspath(path), **_entry(path, name)}
 
@@ -111,7 +120,7 @@ def hashed_unit(
         if src != first:
             check_agrees(first, expected, src, signature(src, safety)[0])
         source = _input_entry(src, name)
-        fn(*args)
+        fn(*args, **unit_progress())
     return {"input": source, "output": _entry(out, name)}
 
 
@@ -145,6 +154,8 @@ def run_dataset(
         "inputs": [],
         "outputs": [],
     }
+    if resume and tmp.is_dir():
+        _drop_temporaries(tmp)
     keep = _reusable(tmp, record, dataset) if resume and tmp.is_dir() else {}
     first = Path(os.path.abspath(dataset.files[0]))
     base: Base = (first, signature(first, safety)[0], safety)

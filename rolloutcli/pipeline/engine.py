@@ -12,15 +12,19 @@ import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import secrets
+import signal
 import socket
+import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, wait
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
+from rolloutcli.pipeline.preload import start_tracker
 
 ENGINES = ("local", "ray")
 RAY_INSTALL = 'pip install "rolloutcli[ray]"'
@@ -28,6 +32,7 @@ RAY_TIMEOUT_S = 10.0  # an unreachable --address is reported within this
 RETRIES = 3  # Ray task retries (units are pure: a retry rewrites the same bytes)
 
 Unit = tuple[Callable[..., Any], tuple[Any, ...]]  # (module-level function, its arguments): picklable
+STOP_ENV = "ROLLOUTCLI_STOP_FILE"  # a local pool's failed run: its driver creates this file
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,10 @@ class _Failed:
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str]) -> Any:
     """Run one unit; an ``OSError`` (a flaky file system) is retried up to ``RETRIES`` times, safe because a unit
-    rewrites its whole output; a worker that dies is retried by Ray (``max_retries``), fails a local run."""
+    rewrites its whole output; a worker that dies is retried by Ray (``max_retries``), fails a local run. A local
+    pool's unit does nothing once its run has failed (``STOP_ENV``'s file exists)."""
+    if STOP_ENV in env and os.path.exists(env[STOP_ENV]):
+        return None
     with _environment(env):
         for attempt in range(RETRIES + 1):
             try:
@@ -133,10 +141,26 @@ def _pool(workers: int, modules: list[str]) -> ProcessPoolExecutor:
     """A pool of ``workers`` processes forked from a clean server (no driver threads) that imports ``modules``
     once (the first pool's units' modules)."""
     if workers not in _POOLS:
+        start_tracker()  # before the server: started by it, the tracker would die with a closed terminal
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(modules)
-        _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=context)
+        _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_signals)
     return _POOLS[workers]
+
+
+def _worker_signals() -> None:
+    """In each pool worker: SIGTERM and SIGHUP (a scheduler, a closed terminal: to the whole job) remove the
+    temporary the unit is writing before the worker ends, as the command does for its own (the default action
+    left them in the partial folder). Ctrl-C unwinds the unit, whose own cleanup removes it."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _worker_stopped)
+
+
+def _worker_stopped(signum: int, frame: object) -> None:
+    from rolloutcli.hdf5.atomic import remove_live_temporaries
+
+    remove_live_temporaries()
+    os._exit(128 + signum)
 
 
 _WARMING: list[threading.Thread] = []  # prestart's threads starting workers (joined before the pools close)
@@ -178,15 +202,22 @@ def unit_modules(units: Sequence[Unit]) -> list[str]:
 
 
 def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
+    """The units on the local pool. On a failure (a unit's, a signal's) the units not yet started are skipped
+    through a stop file, not cancelled: Python 3.11's pool, when a worker then dies (a SIGTERM to the whole job),
+    raises in its manager thread on a cancelled future and the wait for the running units never ends
+    (CPython gh-107219, fixed in 3.12)."""
     from rolloutcli.hdf5.probe import shared_env
 
     workers = options.workers  # the pool prestart started, if it did
     pool = _pool(workers, unit_modules(units))
-    env = {**options.env(), **shared_env()}  # the workers ask this process's metadata probe helper
+    stop = os.path.join(tempfile.gettempdir(), f"rolloutcli-stop-{os.getpid()}-{secrets.token_hex(8)}")
+    env = {**options.env(), **shared_env(), STOP_ENV: stop}  # the workers ask this process's metadata probe helper
     futures = {pool.submit(_call, fn, args, env): i for i, (fn, args) in enumerate(units)}
+    completed = False
     try:
         for future, index in futures.items():  # in submission order: a failure is the first failing unit's
             finished(index, future.result())
+        completed = True
     except BrokenProcessPool as exc:
         _POOLS.pop(workers, None)
         raise RolloutError(
@@ -195,9 +226,21 @@ def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[
             exit_code=EXIT_IO,
         ) from exc
     finally:  # on a failure, let running units end before the caller removes the folder they write into
+        if not completed:
+            _stop(stop, futures)
+        wait(futures)
+        with contextlib.suppress(OSError):
+            os.unlink(stop)
+
+
+def _stop(path: str, futures: Iterable[Future[Any]]) -> None:
+    """Have the units not yet started skip themselves (cancelled, where the stop file cannot be made)."""
+    try:
+        with open(path, "x"):
+            pass
+    except OSError:
         for future in futures:
             future.cancel()
-        wait(futures)
 
 
 def import_ray() -> Any:

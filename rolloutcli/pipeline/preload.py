@@ -69,7 +69,23 @@ def start_early(args: list[str]) -> bool:
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
     try:
+        start_tracker()
         multiprocessing.forkserver.ensure_running()
     except OSError:  # no process to spare now: the command's own pool start reports it, with its reason
         return False
     return True
+
+
+def start_tracker() -> None:
+    """Start multiprocessing's resource tracker (the pool's server starts it, else) with SIGHUP blocked in it.
+    Python 3.11's tracker ignores SIGINT and SIGTERM only: a closed terminal killed it, and the command, cleaning
+    up its pool, started another with a warning of three lines on stderr. The signal stays pending in this
+    thread while the tracker is spawned, so this process still gets it."""
+    import signal
+    from multiprocessing import resource_tracker
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -1,6 +1,19 @@
-"""How pipelines report progress without printing: they call a ``Progress`` the caller provides."""
+"""How pipelines report progress without printing: they call a ``Progress`` the caller provides.
+
+Test hook: with ``ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK`` set to a number of seconds, the first block of every command
+(the CLI's bar) and of every unit of a local pool (:func:`unit_progress`) prints one line "rolloutcli: test pause
+after block 1 ..." on stderr and sleeps, so a test can signal the process while its output is half written
+(README: "How it is tested").
+"""
 
 from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+TEST_PAUSE_ENV = "ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK"
 
 
 class Progress:
@@ -17,3 +30,32 @@ class Progress:
 
     def warn(self, message: str) -> None:
         pass
+
+
+def test_pause(seconds: float) -> None:
+    """The test hook: announce the first block on stderr (with the temporaries being written), then sleep."""
+    from rolloutcli.hdf5.atomic import live_temporaries
+
+    writing = " ".join(sorted(os.path.basename(p) for p in live_temporaries())) or "nothing"
+    sys.stderr.write(f"rolloutcli: test pause after block 1 (writing {writing})\n")
+    sys.stderr.flush()
+    # short sleeps: a signal the kernel hands to another thread still reaches the main thread's handler
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+class _Pausing(Progress):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def advance(self, amount: int = 1) -> None:
+        seconds, self.seconds = self.seconds, 0.0
+        if seconds > 0:
+            test_pause(seconds)
+
+
+def unit_progress() -> dict[str, Any]:
+    """Keyword arguments for a pool unit's command function: ``progress`` pausing as the test hook asks, or none."""
+    seconds = float(os.environ.get(TEST_PAUSE_ENV) or 0)
+    return {"progress": _Pausing(seconds)} if seconds > 0 else {}

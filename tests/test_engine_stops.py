@@ -1,0 +1,118 @@
+"""A local pool's run that fails or is stopped ends: signals to the whole job, a worker dying after a failure.
+
+Python 3.11's ``ProcessPoolExecutor`` raises in its manager thread when a worker dies while a future it still
+holds is cancelled (CPython gh-107219), and a wait for the running futures then never ends. The engine skips
+the units of a failed run through a stop file instead of cancelling them; these tests hung before.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from rollout_factory import rollout_arrays, write_rollout
+
+from rolloutcli.hdf5.atomic import TEMP_MARKER
+from rolloutcli.pipeline.dataset_job import partial_folder
+from rolloutcli.pipeline.progress import TEST_PAUSE_ENV
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for i in range(6):
+        write_rollout(folder / f"r{i}.h5", rollout_arrays(T=64, N=8, seed=i))
+    return folder
+
+
+FAIL_THEN_DIE = """
+import os, signal, sys, time
+from rolloutcli.errors import RolloutError
+from rolloutcli.pipeline.engine import EngineOptions, close_pools, run_units
+
+def unit(i, log):
+    with open(log, "a") as f:
+        f.write(f"{i}\\n")
+    if i == 0:
+        raise RolloutError("unit 0 failed", exit_code=1)
+    if i == 1:
+        time.sleep(0.5)  # the driver has seen unit 0 fail by now
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+
+if __name__ == "__main__":
+    try:
+        run_units([(unit, (i, sys.argv[1])) for i in range(12)], EngineOptions(workers=2))
+    except RolloutError as error:
+        print("failed:", error, flush=True)
+    finally:
+        close_pools()
+"""
+
+
+def test_a_worker_dying_after_a_unit_failed_does_not_hang_the_run(tmp_path: Path) -> None:
+    script, log = tmp_path / "fail_then_die.py", tmp_path / "ran.txt"
+    script.write_text(FAIL_THEN_DIE)
+    before = set(os.listdir(tempfile.gettempdir()))
+    run = subprocess.run(
+        [sys.executable, str(script), str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,  # hung for ever before
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert run.stdout.strip() == "failed: unit 0 failed", run.stderr
+    assert "InvalidStateError" not in run.stderr
+    ran = log.read_text().split()
+    assert len(ran) <= 4, ran  # the units not started when unit 0 failed skipped themselves
+    assert not [name for name in set(os.listdir(tempfile.gettempdir())) - before if name.startswith("rolloutcli-stop")]
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [(signal.SIGTERM, 143, "terminated"), (signal.SIGHUP, 129, "hangup"), (signal.SIGINT, 130, "interrupted")],
+)
+def test_a_signal_to_the_whole_job_ends_a_pool_run(runs: Path, tmp_path: Path, sig: int, code: int, said: str):
+    """A scheduler's SIGTERM, a closed terminal's SIGHUP, Ctrl-C: to the driver and its pool at once (the process
+    group), while the workers are mid-write. The command ends with the signal's code and one line, nothing is
+    published, and no process of the job is left."""
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rolloutcli", "gae", str(runs), "-o", str(out), "--workers", "2"],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, TEST_PAUSE_ENV: "300"},  # every unit pauses after its first block
+    )
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        assert line.startswith("rolloutcli: test pause after block 1"), line
+        time.sleep(0.3)  # the other worker reaches its pause too, or is still writing
+        os.killpg(process.pid, sig)
+        process.wait(timeout=60)  # hung for ever before (SIGTERM, SIGHUP)
+        rest = process.stderr.read().splitlines()
+    finally:
+        _kill_group(process.pid)
+    lines = [text for text in rest if not text.startswith("rolloutcli: test pause after block 1")]
+    assert process.returncode == code
+    assert lines == [f"{said}: no output was written (temporary files removed)."]
+    assert not out.exists()
+    partial = partial_folder(out)  # kept for --resume, without what the workers were writing
+    assert not [p.name for p in partial.rglob("*") if TEMP_MARKER in p.name]
+
+
+def _kill_group(group: int) -> None:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
