@@ -106,6 +106,11 @@ def test_dataset_refusals(cli, tmp_path: Path) -> None:
     assert code == 2 and "--rsl-parity: RSL-RL's order is for one file, found a dataset" in err
     code, _, err = cli("batch", gae, "-o", tmp_path / "h", "-m", 2, "--history", 2)
     assert code == 2 and "--history: expected one rollout file, found a dataset" in err
+    code, _, err = cli("batch", gae, "-o", tmp_path / "t", "-m", 2, "--transitions")  # an AttributeError before
+    assert (code, err) == (
+        2,
+        "error: --transitions: expected one rollout file, found a dataset; export each file on its own.\n",
+    )
     code, _, err = cli("batch", gae, "-o", tmp_path / "m", "-m", 125)
     assert code == 2 and "expected at most 124 (the dataset's rows (T*N))" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gae", "raw"]  # nothing published, no temporaries

@@ -145,6 +145,18 @@ def test_resume_redoes_an_output_whose_input_changed(cli, runs: Path, tmp_path: 
     assert tree(tmp_path / "res") == tree(tmp_path / "fresh")
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_run_that_finished_no_file_leaves_no_partial_folder(runs: Path, tmp_path: Path, workers: int) -> None:
+    """Nothing to resume: the corrected rerun is not refused for an empty partial folder (it was, exit 2)."""
+
+    def unit(src: Path, out: Path) -> tuple:
+        return (_fail, (src,))
+
+    with pytest.raises(RolloutError, match=r"injected failure"):
+        run_dataset(resolve([runs]), tmp_path / "res", "split", {}, unit, EngineOptions(workers=workers))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
 def _split_failing_last(runs: Path, dst: Path) -> None:
     """``split`` of ``runs`` into ``dst`` whose unit for r2.h5 (the last) fails: the partial folder stays."""
     options, run = SplitOptions(), RunOptions()

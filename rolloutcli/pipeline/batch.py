@@ -154,10 +154,14 @@ def _fields(reader: RolloutReader, mode: str) -> list[Field]:
     return export_fields(reader, pairs)
 
 
-def _check_dataset(files: list[Path], options: BatchOptions | HistoryOptions, run: RunOptions) -> None:
+def _check_dataset(
+    files: list[Path], options: BatchOptions | HistoryOptions | TransitionOptions, run: RunOptions
+) -> None:
     """What a dataset export refuses (exit 2), then the files' agreement (exit 1)."""
-    if isinstance(options, HistoryOptions):
-        raise usage("--history: expected one rollout file, found a dataset; export each file on its own.")
+    for kind, flag in ((HistoryOptions, "--history"), (TransitionOptions, "--transitions")):
+        if isinstance(options, kind):
+            raise usage(f"{flag}: expected one rollout file, found a dataset; export each file on its own.")
+    assert isinstance(options, BatchOptions)
     if options.rsl_parity:
         raise usage("--rsl-parity: RSL-RL's order is for one file, found a dataset; drop --rsl-parity.")
     same = None if options.mode == "feedforward" else f"batch --{options.mode}"

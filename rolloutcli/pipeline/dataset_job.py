@@ -184,6 +184,10 @@ def run_dataset(
 
     try:
         run_units(units, engine, done)
+    except BaseException:
+        if not outputs:  # nothing to resume: a corrected rerun must not be refused for an empty folder
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     finally:
         close_pools()
     _write_record(tmp, {**record, **entries()})
