@@ -346,8 +346,9 @@ def render_batch(console: Console, summary: dict[str, Any]) -> None:
         console.print(f"dropped (RSL-RL parity): {summary['dropped_rows']} rows{envs}")
     gae = summary.get("gae") or {}
     if gae.get("gamma") is not None:
+        mixed = " (each file's, in order: they differ)" if any(isinstance(v, list) for v in gae.values()) else ""
         console.print(
-            f"gae from the source: gamma {gae['gamma']}  lambda {gae['lambda']}  "
+            f"gae from the source{mixed}: gamma {gae['gamma']}  lambda {gae['lambda']}  "
             f"normalized {gae['advantages_normalized']}"
         )
     how = f"streamed in {summary['blocks']} blocks" if summary["streamed"] else "in memory"

@@ -98,6 +98,23 @@ def test_recurrent_env_groups_equal_the_files_side_by_side(cli, tmp_path: Path, 
     assert manifest["source"]["rows"] == "t * N_total + env_offset + n"
 
 
+def test_files_of_other_gae_options_are_recorded_per_file(cli, tmp_path: Path) -> None:
+    """Two files from gae runs with other lambdas and normalisation: the manifest and the summary give each
+    file's value (it gave the first file's for all rows)."""
+    from conftest import SAMPLE
+
+    assert cli("gae", SAMPLE, "-o", tmp_path / "it1.h5")[0] == 0
+    assert cli("gae", SAMPLE, "-o", tmp_path / "it2.h5", "--lam", 0.9, "--no-normalize")[0] == 0
+    code, out, err = cli("batch", tmp_path / "it*.h5", "-o", tmp_path / "s", "-m", 4)
+    assert code == 0, err
+    gae = {"gamma": 0.99, "lambda": [0.95, 0.9], "advantages_normalized": [True, False], "timeouts_bootstrapped": True}
+    assert json.loads((tmp_path / "s" / "manifest.json").read_text())["gae"] == gae
+    line = "gae from the source (each file's, in order: they differ): gamma 0.99  lambda [0.95, 0.9]  normalized"
+    assert f"{line} [True, False]" in out
+    assert cli("batch", tmp_path / "it1.h5", "-o", tmp_path / "one", "-m", 4)[0] == 0
+    assert json.loads((tmp_path / "one" / "manifest.json").read_text())["gae"]["lambda"] == 0.95
+
+
 def test_dataset_refusals(cli, tmp_path: Path) -> None:
     gae = gae_dataset(cli, tmp_path, SIZES)
     code, _, err = cli("batch", gae, "-o", tmp_path / "r", "-m", 2, "--recurrent")

@@ -168,6 +168,18 @@ def _check_dataset(
     check_agreement(files, run.safety, same_steps=same)
 
 
+def _gae_record(readers: list[RolloutReader]) -> dict[str, Any]:
+    """What the gae runs recorded in the sources (None where nothing): one value where every file agrees, else the
+    list of each file's value in dataset order (files made with other options are not silently one setting)."""
+    keys = {"gamma": "gae_gamma", "lambda": "gae_lambda"}
+    keys |= {name: name for name in ("advantages_normalized", "timeouts_bootstrapped")}
+    record = {}
+    for key, attr in keys.items():
+        values = [each.schema.attrs.get(attr) for each in readers]
+        record[key] = values[0] if all(value == values[0] for value in values) else values
+    return record
+
+
 def read_rows(reader: RolloutReader, field: Field, block: Block) -> torch.Tensor:
     """A block ``(t0, t1, n0, n1)`` of a field as time-major rows ``[steps * envs, *row_shape]``."""
     t0, t1, n0, n1 = block
@@ -256,9 +268,7 @@ def _job(source: RolloutReader | list[RolloutReader], options: BatchOptions) -> 
         "dropped_rows": plan.dropped_rows,
         "dropped_envs": plan.dropped_envs,
     }
-    attrs = reader.schema.attrs  # what a gae run recorded in the source (None where it recorded nothing)
-    gae = {"gamma": attrs.get("gae_gamma"), "lambda": attrs.get("gae_lambda")}
-    gae |= {name: attrs.get(name) for name in ("advantages_normalized", "timeouts_bootstrapped")}
+    gae = _gae_record(readers)
     record = asdict(options)
     if options.batch_size is None:  # manifests of -m runs stay as they were
         del record["batch_size"]
