@@ -106,3 +106,32 @@ def test_autoreset_steps_are_no_episodes_and_no_transitions(tmp_path: Path, cli)
     expected = np.flatnonzero(~reset.reshape(-1))  # rows t * N + n of every real step
     np.testing.assert_array_equal(index, expected)
     assert manifest["autoreset_steps"] == int(reset.sum()) and manifest["held_back"] == 0
+
+
+def test_the_steps_after_the_last_whole_file_are_published_at_close_and_reset(tmp_path: Path) -> None:
+    """25 steps in files of 10, a reset, 3 more, close: files of 10, 10, 5 and 3 steps (the last 5 and 3 were
+    dropped: recorded data lost without a word)."""
+    env = RecordRollouts(_env(AutoresetMode.SAME_STEP), tmp_path, steps_per_file=10, value_fn=_value)
+    obs, _ = env.reset(seed=3)
+    env.action_space.seed(3)
+    rewards, last = [], None
+    for t in range(28):
+        if t == 25:
+            last = obs
+            obs, _ = env.reset(seed=4)
+        obs, reward, *_ = env.step(env.action_space.sample())
+        rewards.append(reward)
+    env.close()
+    env.close()  # twice: nothing more
+    assert [p.name for p in env.files] == [f"rollout_{i:06d}.h5" for i in range(4)]
+    lengths, recorded = [], []
+    for path in env.files:
+        with h5py.File(path, "r") as handle:
+            lengths.append(len(handle["rewards"]))
+            recorded.append(handle["rewards"][()])
+            if path == env.files[2]:
+                np.testing.assert_array_equal(handle["last_values"][()], _value(last))
+                np.testing.assert_array_equal(handle["last_observations/policy"][()], last)
+    assert lengths == [10, 10, 5, 3]
+    np.testing.assert_array_equal(np.concatenate(recorded), np.array(rewards, np.float32))
+    assert [p.name for p in tmp_path.iterdir() if ".rolloutcli-tmp-" in p.name] == []

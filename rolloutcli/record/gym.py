@@ -1,4 +1,5 @@
-"""``RecordRollouts``: a gymnasium vector-env wrapper writing every ``steps_per_file`` steps as a rollout file.
+"""``RecordRollouts``: a gymnasium vector-env wrapper writing every ``steps_per_file`` steps as a rollout file (and
+the steps since the last file as a shorter one at ``close()`` and at a full ``reset()``).
 
 Per step: the observation the action was taken on, the action, the reward, ``dones = terminated | truncated``,
 ``time_outs = truncated & ~terminated`` (the steps a trainer bootstraps) and, at done steps, the observation
@@ -70,9 +71,7 @@ class RecordRollouts(gym.vector.VectorWrapper):
         if mask is not None and self._obs is not None:  # a partial reset (DISABLED mode): the episode goes on
             self._obs = _select(obs, np.asarray(mask), self._obs)
             return obs, info
-        if self._writer is not None:
-            self._writer.abort()  # an interrupted file is discarded, never published half
-            self._writer = None
+        self._publish()  # the steps before the reset: a shorter file (recorded steps are never dropped)
         self._obs, self._from_reset, self._pending[:] = obs, True, False
         return obs, info
 
@@ -106,9 +105,14 @@ class RecordRollouts(gym.vector.VectorWrapper):
         if self.mode == AutoresetMode.NEXT_STEP:
             self._pending = dones.copy()
         if self._writer is not None and self._writer.steps == self.steps_per_file:
-            writer, self._writer = self._writer, None
-            self.files.append(writer.close(last_values=self._values(obs), last_observations=_groups(obs)))
+            self._publish()
         return obs, rewards, terminated, truncated, info
+
+    def _publish(self) -> None:
+        """Close the file being recorded (its steps so far; ``self._obs`` follows the last), if one is."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            self.files.append(writer.close(last_values=self._values(self._obs), last_observations=_groups(self._obs)))
 
     def _add(self, step: dict[str, Any]) -> None:
         if self._writer is None:
@@ -127,10 +131,11 @@ class RecordRollouts(gym.vector.VectorWrapper):
         self._writer.add({**step, "observations": _groups(step["observations"])})
 
     def close(self, **kwargs: Any) -> None:
-        if self._writer is not None:
-            self._writer.abort()
-            self._writer = None
-        super().close(**kwargs)
+        """Publish the steps recorded since the last file (a file shorter than ``steps_per_file``), then close."""
+        try:
+            self._publish()
+        finally:
+            super().close(**kwargs)
 
 
 def _groups(obs: Any) -> Any:
