@@ -135,3 +135,17 @@ def test_the_steps_after_the_last_whole_file_are_published_at_close_and_reset(tm
     assert lengths == [10, 10, 5, 3]
     np.testing.assert_array_equal(np.concatenate(recorded), np.array(rewards, np.float32))
     assert [p.name for p in tmp_path.iterdir() if ".rolloutcli-tmp-" in p.name] == []
+
+
+def test_a_folder_holding_an_earlier_recording_is_refused(tmp_path: Path) -> None:
+    from rolloutcli.errors import RolloutError
+
+    env = RecordRollouts(_env(AutoresetMode.SAME_STEP), tmp_path, steps_per_file=4)
+    env.reset(seed=0)
+    for _ in range(4):
+        env.step(env.action_space.sample())
+    env.close()
+    with pytest.raises(RolloutError) as caught:
+        RecordRollouts(_env(AutoresetMode.SAME_STEP), tmp_path, steps_per_file=4)
+    assert str(caught.value).startswith(f"{tmp_path}: RecordRollouts writes rollout_000000.h5 on; expected no such")
+    assert caught.value.exit_code == 2

@@ -235,3 +235,33 @@ def test_raw_rewards_and_time_outs_kept_per_step(tmp_path: Path) -> None:
     iteration([7.0, 8.0, 9.0], [None, None, None])
     assert recorder._kept["rewards"].tolist() == [[7.0] * 2, [8.0] * 2, [9.0] * 2] and "time_outs" not in recorder._kept
     assert recorder._raw == {"step": 3, "time_outs": False}
+
+
+def test_a_folder_of_an_earlier_run_is_refused_and_a_reattached_hook_goes_on(tmp_path: Path) -> None:
+    """A fresh run into an earlier run's folder would replace its files one by one and leave the rest (it did,
+    silently); the same runner attached again goes on after its last file (it replaced that one); a resumed run
+    whose iterations follow the folder's is welcome."""
+    from rolloutcli.errors import RolloutError
+
+    torch.manual_seed(0)
+    runner = OnPolicyRunner(FakeEnv(), copy.deepcopy(_config(False)), log_dir=None, device="cpu")
+    recorder = attach(runner, tmp_path / "rec")
+    runner.learn(2)
+    recorder.detach()
+    first = (tmp_path / "rec" / "rollout_000001.h5").read_bytes()
+    recorder = attach(runner, tmp_path / "rec")
+    runner.learn(1)
+    recorder.detach()
+    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == [f"rollout_00000{i}.h5" for i in range(3)]
+    assert (tmp_path / "rec" / "rollout_000001.h5").read_bytes() == first
+    fresh = OnPolicyRunner(FakeEnv(), copy.deepcopy(_config(False)), log_dir=None, device="cpu")
+    with pytest.raises(RolloutError) as caught:
+        attach(fresh, tmp_path / "rec")
+    assert str(caught.value) == (
+        f"{tmp_path / 'rec'}: attach writes rollout_000000.h5 on; expected no such file there, found "
+        "rollout_000000.h5 and 2 more of an earlier recording (they would be replaced one by one, the rest left). "
+        "Choose a new folder, or move them."
+    )
+    assert caught.value.exit_code == 2
+    fresh.current_learning_iteration = 3  # resumed from a checkpoint at iteration 3
+    attach(fresh, tmp_path / "rec").detach()

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from rolloutcli.record.folder import recording_folder
 from rolloutcli.record.writer import RolloutWriter
 
 try:
@@ -59,7 +60,7 @@ class RecordRollouts(gym.vector.VectorWrapper):
         self.out_dir, self.steps_per_file, self.value_fn = Path(out_dir), steps_per_file, value_fn
         self.compression, self.gamma, self.files = compression, gamma, []
         self.mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        recording_folder(self.out_dir, 0, "RecordRollouts")
         self._writer: RolloutWriter | None = None
         self._obs: Any = None
         self._from_reset = False

@@ -19,9 +19,11 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from rolloutcli.record.folder import recording_folder
 from rolloutcli.record.worker import publish
 
 RECORDER = "rolloutcli.record.rsl_rl"
+_NEXT = "_rolloutcli_next_iteration"  # kept on the runner by detach()
 
 
 def _names(actor: Any, count: int) -> list[str]:
@@ -59,8 +61,10 @@ class RslRlRecorder:
         self._rows: dict[str, tuple[Any, ...]] = {}  # their rows, as views
         self._names: list[str] = []
         self._config = json.dumps(getattr(runner, "cfg", {}), default=repr, sort_keys=True)  # as attached
-        self.iteration = int(getattr(runner, "current_learning_iteration", 0))
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        # RSL-RL's next learn() starts at its last iteration again: a recorder attached after another on this
+        # runner goes on from that one's next file, not over its last
+        self.iteration = max(int(getattr(runner, "current_learning_iteration", 0)), getattr(runner, _NEXT, 0))
+        recording_folder(self.out_dir, self.iteration, "attach")
         self._process, self._returns, self._learn = self.alg.process_env_step, self.alg.compute_returns, runner.learn
         self.alg.process_env_step, self.alg.compute_returns = self.process_env_step, self.compute_returns
         runner.learn = self.learn
@@ -99,6 +103,7 @@ class RslRlRecorder:
         """Remove the hook (an unfinished recording is discarded; published ones are waited for)."""
         self.alg.process_env_step, self.alg.compute_returns = self._process, self._returns
         self.runner.learn = self._learn
+        setattr(self.runner, _NEXT, self.iteration)
         self._raw = None
         self.files  # noqa: B018 - surfaces a failed background publish
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from rolloutcli.record.folder import recording_folder
 from rolloutcli.record.writer import RolloutWriter
 
 try:
@@ -36,7 +37,8 @@ class RolloutRecorderCallback(BaseCallback):
         self.writer: RolloutWriter | None = None
 
     def _on_rollout_start(self) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if not self.files:  # this callback's first rollout: the folder must not hold another recording's
+            recording_folder(self.out_dir, 0, "RolloutRecorderCallback")
         model = self.model
         self.writer = RolloutWriter(
             self.out_dir / f"rollout_{len(self.files):06d}.h5",
