@@ -89,7 +89,7 @@ def test_gae_on_a_dataset_equals_per_file_runs(cli, runs: Path, tmp_path: Path) 
     code, _, err = cli("gae", runs, "-o", tmp_path / "out")
     assert code == 2 and "already exists" in err
     code, _, err = cli("gae", runs, "-o", runs / "inside")
-    assert code == 2 and "output folder inside the input folder" in err and not (runs / "inside").exists()
+    assert code == 4 and "output folder inside the input folder" in err and not (runs / "inside").exists()
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcli.dataset import Dataset, Signature, check_agrees, file_hash, signature
-from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
+from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import TEMP_MARKER, atomic_file
 from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.probe import probed_once
@@ -54,7 +54,7 @@ def _check_destination(dataset: Dataset, dst: Path, overwrite: bool, resume: boo
             raise RolloutError(
                 f"{dst}: output folder inside the input folder {root}; expected it elsewhere "
                 "(its files would become inputs). Choose another -o.",
-                exit_code=EXIT_USAGE,
+                exit_code=EXIT_UNSAFE,  # as an output that is the input
             )
     if os.path.lexists(dst) and not (overwrite and (Path(dst) / "dataset.json").is_file()):
         raise RolloutError(
