@@ -101,13 +101,15 @@ def test_a_training_process_that_dies_leaves_no_slot_and_its_file_is_published(t
         "print(len(_slots()), worker._publisher().slots[0].folder, flush=True)\n"
         "os._exit(0)  # no atexit: the writing process finishes what it was handed on its own\n"
     )
-    out = subprocess.run(
+    run = subprocess.run(
         [sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "k.h5")],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
-    ).stdout.split()
+    )
+    assert run.stderr == ""  # the writing process, finding no one to tell, says nothing (it printed a traceback)
+    out = run.stdout.split()
     assert out[0] == str(len(before)) and out[1] in worker._slot_folders()  # the slot never had a name to leave
     deadline = time.monotonic() + 30
     while not (tmp_path / "k.h5").is_file() and time.monotonic() < deadline:

@@ -373,7 +373,10 @@ def _serve(slots: socket.socket) -> int:
         except EOFError:
             return 0
         fd = socket.recv_fds(slots, 1, 1)[1][0]
-        stop.work(_reply, replies, ident, fd, size, skeleton)
+        try:
+            stop.work(_reply, replies, ident, fd, size, skeleton)
+        except BrokenPipeError:  # the training process is gone (killed): the file is published, nobody to tell
+            return 0
         stop.check()
 
 
