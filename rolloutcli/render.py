@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rolloutcli.errors import one_line
-from rolloutcli.pipeline.progress import TEST_PAUSE_ENV, Progress, test_pause
+from rolloutcli.pipeline.progress import TEST_PAUSE_ENV, Progress, pause_for_test
 
 stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
@@ -100,7 +100,7 @@ class RichProgress(Progress):
     def _test_pause(self) -> None:
         """The test hook (``pipeline/progress.py``), once."""
         pause, self._pause = self._pause, 0.0
-        test_pause(pause)
+        pause_for_test(pause)
 
     def finish(self) -> None:
         if self._bar is not None:

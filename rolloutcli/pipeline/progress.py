@@ -3,7 +3,7 @@
 Test hook: with ``ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK`` set to a number of seconds, the first block of every command
 (the CLI's bar) and of every unit of a local pool (:func:`unit_progress`) prints one line "rolloutcli: test pause
 after block 1 ..." on stderr and sleeps, so a test can signal the process while its output is half written
-(README: "How it is tested").
+(tests/test_promises_faults.py, tests/test_engine_stops.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Progress:
         pass
 
 
-def test_pause(seconds: float) -> None:
+def pause_for_test(seconds: float) -> None:
     """The test hook: announce the first block on stderr (with the temporaries being written), then sleep."""
     from rolloutcli.hdf5.atomic import live_temporaries
 
@@ -52,7 +52,7 @@ class _Pausing(Progress):
     def advance(self, amount: int = 1) -> None:
         seconds, self.seconds = self.seconds, 0.0
         if seconds > 0:
-            test_pause(seconds)
+            pause_for_test(seconds)
 
 
 def unit_progress() -> dict[str, Any]:
