@@ -104,8 +104,7 @@ def test_a_signal_to_the_whole_job_ends_a_pool_run(runs: Path, tmp_path: Path, s
     finally:
         _kill_group(process.pid)
     lines = [text for text in rest if not text.startswith("rolloutcli: test pause after block 1")]
-    assert process.returncode == code
-    assert lines == [f"{said}: no output was written (temporary files removed)."]
+    assert (process.returncode, lines) == (code, [f"{said}: no output was written (temporary files removed)."]), rest
     assert not out.exists()
     partial = partial_folder(out)  # kept for --resume, without what the workers were writing
     assert not [p.name for p in partial.rglob("*") if TEMP_MARKER in p.name]

@@ -149,10 +149,10 @@ def _pool(workers: int, modules: list[str]) -> ProcessPoolExecutor:
 
 
 def _worker_signals() -> None:
-    """In each pool worker: SIGTERM and SIGHUP (a scheduler, a closed terminal: to the whole job) remove the
-    temporary the unit is writing before the worker ends, as the command does for its own (the default action
-    left them in the partial folder). Ctrl-C unwinds the unit, whose own cleanup removes it."""
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    """In each pool worker: Ctrl-C, SIGTERM and SIGHUP (to the whole job: a terminal, a scheduler) remove the
+    temporary the unit is writing and end the worker quietly, as the command does for its own (SIGTERM's default
+    action left the temporaries in the partial folder; Ctrl-C in an idle worker printed a traceback)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _worker_stopped)
 
 
