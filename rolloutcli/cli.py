@@ -226,6 +226,7 @@ def split(
         resume=resume,
         single=single,
         safety=run.safety,
+        rollouts=not unpad,
     )
     if "reused" in summary:
         common.emit(summary, render_dataset, output)

@@ -43,9 +43,10 @@ def per_file(
     resume: bool,
     single: Callable[[Path], dict[str, Any]],
     safety: SafetyOptions | None = None,
+    rollouts: bool = True,
 ) -> dict[str, Any]:
     """Run ``single(file)`` for one plain file, else the dataset job (``-o`` a folder; ``safety``: the
-    ``SafetyOptions`` its files are opened with)."""
+    ``SafetyOptions`` its files are opened with; ``rollouts`` False: the inputs are split files)."""
     from rolloutcli.pipeline.dataset_job import run_dataset
     from rolloutcli.pipeline.engine import prestart, unit_modules
 
@@ -60,7 +61,16 @@ def per_file(
         )
     prestart(engine, ["rolloutcli.pipeline.dataset_job", *unit_modules([make_unit(dataset.files[0], output)])])
     return run_dataset(
-        dataset, output, command, options, make_unit, engine, overwrite=overwrite, resume=resume, safety=safety
+        dataset,
+        output,
+        command,
+        options,
+        make_unit,
+        engine,
+        overwrite=overwrite,
+        resume=resume,
+        safety=safety,
+        rollouts=rollouts,
     )
 
 

@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Event
+from typing import Any
 
 import xxhash
 
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.limits import SafetyOptions
-from rolloutcli.hdf5.reader import RolloutReader
+from rolloutcli.hdf5.reader import H5Input, RolloutReader
 
 SUFFIXES = (".h5", ".hdf5")
 GLOB_CHARS = set("*?[")
@@ -104,9 +105,40 @@ def _signature(reader: RolloutReader) -> Signature:
 
 
 def signature(file: Path, safety: SafetyOptions | None = None) -> tuple[Signature, tuple[int, int]]:
-    """``file``'s per-step fields (:func:`_signature`) and its ``(T, N)``."""
-    with RolloutReader(file, safety, check=False) as reader:
+    """``file``'s per-step fields (:func:`_signature`) and its ``(T, N)``; a file rolloutcli wrote that is no
+    rollout (a split file, a shard) is named as such."""
+    with dataset_reader(file, safety, check=False) as reader:
         return _signature(reader), (reader.T, reader.N)
+
+
+def dataset_reader(file: Path, safety: SafetyOptions | None = None, **options: Any) -> RolloutReader:
+    """``RolloutReader(file, safety, **options)`` for a file of a dataset: a file rolloutcli wrote that is no
+    rollout (a split file, a shard) is named as such, with what to do, instead of its shape problems."""
+    try:
+        return RolloutReader(file, safety, **options)
+    except RolloutError as error:
+        raise _ours(file, safety) or error from error
+
+
+_OURS = {  # rolloutcli_format of files rolloutcli writes that are no rollouts -> what they are, what to do
+    "trajectories": (
+        "a file written by rolloutcli split",
+        "Restore the rollouts first: rolloutcli split --unpad FILES -o OUT.",
+    ),
+    "shard": ("a shard written by rolloutcli batch", "Load its folder with rolloutcli.shards.ShardDataset."),
+}
+
+
+def _ours(file: Path, safety: SafetyOptions | None) -> RolloutError | None:
+    """The one-line error for a dataset file rolloutcli wrote that is no rollout file, else None."""
+    try:
+        with H5Input(file, safety) as source:
+            kind = _OURS.get(str(source.attrs.get("rolloutcli_format")))
+    except RolloutError:
+        return None
+    if kind is None:
+        return None
+    return RolloutError(f"{file}: {kind[0]}, not a rollout file; expected rollout files in a dataset. {kind[1]}")
 
 
 def check_agrees(base: Path, expected: Signature, file: Path, found: Signature) -> None:

@@ -257,3 +257,29 @@ def test_a_dataset_with_external_storage_is_read_with_allow_external(cli, runs: 
     assert code == 0, err
     assert cli("gae", runs / "r3.h5", "-o", tmp_path / "single.h5", "--allow-external")[0] == 0
     assert (tmp_path / "out" / "r3.h5").read_bytes() == (tmp_path / "single.h5").read_bytes()
+
+
+def test_a_split_dataset_is_undone_as_one_and_named_where_rollouts_are_expected(cli, runs: Path, tmp_path: Path):
+    """``split --unpad`` on the folder ``split`` wrote for a dataset restores every rollout (it failed: the
+    agreement check read split files as rollouts); commands that need rollouts name a split file as such."""
+    assert cli("split", runs, "-o", tmp_path / "split")[0] == 0
+    for workers in (1, 2):
+        code, _, err = cli(
+            "split", "--unpad", tmp_path / "split", "-o", tmp_path / f"back{workers}", "--workers", workers
+        )
+        assert code == 0, err
+    assert tree(tmp_path / "back1") == tree(tmp_path / "back2")
+    for name in ("a/r1.h5", "r0.h5", "r2.h5"):
+        with h5py.File(runs / name, "r") as source, h5py.File(tmp_path / "back1" / name, "r") as back:
+            fields: list[str] = []
+            source.visititems(lambda n, o, fields=fields: fields.append(n) if isinstance(o, h5py.Dataset) else None)
+            for field in fields:
+                np.testing.assert_array_equal(back[field][()], source[field][()], err_msg=f"{name} {field}")
+    first = tmp_path / "split" / "a" / "r1.h5"
+    said = (
+        f"error: {first}: a file written by rolloutcli split, not a rollout file; expected rollout files in a "
+        "dataset. Restore the rollouts first: rolloutcli split --unpad FILES -o OUT.\n"
+    )
+    for argv in (["inspect", tmp_path / "split"], ["gae", tmp_path / "split", "-o", tmp_path / "g"]):
+        code, _, err = cli(*argv)
+        assert (code, err) == (1, said), argv

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -120,7 +121,9 @@ def test_local_worker_dying_publishes_nothing(runs: Path, tmp_path: Path) -> Non
     with pytest.raises(RolloutError, match="a worker process died") as error:
         run(runs, tmp_path / "out", EngineOptions(workers=2), lambda s, o: (dying_once, (marker, s, o)))
     assert error.value.exit_code == 3 and not (tmp_path / "out").exists()
-    assert partial_folder(tmp_path / "out").is_dir()  # kept for --resume
+    partial = partial_folder(tmp_path / "out")  # kept for --resume when a file was finished, else removed
+    if partial.is_dir():
+        assert json.loads((partial / "dataset.json").read_text())["outputs"]
     assert sorted(p.name for p in runs.iterdir()) == ["r0.h5", "r1.h5", "r2.h5", "r3.h5"]  # inputs untouched
 
 

@@ -106,7 +106,8 @@ def _input_entry(path: Path, name: str) -> dict[str, Any]:
     return {"path": os.path.abspath(path), **_entry(path, name)}
 
 
-Base = tuple[Path, Signature, SafetyOptions | None]  # the first file, its per-step fields, how files are opened
+# the first file, its per-step fields (None: not checked), how files are opened
+Base = tuple[Path, Signature | None, SafetyOptions | None]
 
 
 def hashed_unit(
@@ -117,7 +118,7 @@ def hashed_unit(
     ``dataset.json``. The check and the hashing run in the workers, in parallel; the file is probed once."""
     first, expected, safety = base
     with probed_once():
-        if src != first:
+        if expected is not None and src != first:
             check_agrees(first, expected, src, signature(src, safety)[0])
         source = _input_entry(src, name)
         fn(*args, **unit_progress())
@@ -135,13 +136,15 @@ def run_dataset(
     overwrite: bool = False,
     resume: bool = False,
     safety: SafetyOptions | None = None,
+    rollouts: bool = True,
 ) -> dict[str, Any]:
     """Write one output per input of ``dataset`` into the folder ``dst`` (see the module docstring).
 
     ``make_unit(src, out)`` is the work unit writing ``out`` from ``src`` (it returns its summary). Every file's
     per-step fields must agree with the first file's (``dataset.check_agreement``'s rule, checked in the units;
     ``safety``: how they are opened for it). With a local pool the first failing file is reported, as a serial
-    check would.
+    check would. ``rollouts`` False: the inputs are no rollout files (``split --unpad``'s split files, which each
+    unit checks in full), and no agreement is checked.
     """
     dst = Path(dst)
     tmp = partial_folder(dst)
@@ -158,7 +161,7 @@ def run_dataset(
         _drop_temporaries(tmp)
     keep = _reusable(tmp, record, dataset) if resume and tmp.is_dir() else {}
     first = Path(os.path.abspath(dataset.files[0]))
-    base: Base = (first, signature(first, safety)[0], safety)
+    base: Base = (first, signature(first, safety)[0] if rollouts else None, safety)
     start_engine(engine)
     tmp.mkdir(exist_ok=True)
     inputs, outputs = dict(keep), {name: _entry(tmp / name, name) for name in keep}

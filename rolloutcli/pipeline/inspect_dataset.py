@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rolloutcli.core.stats import EpisodeStats, Moments
-from rolloutcli.dataset import Dataset, check_agreement
+from rolloutcli.dataset import Dataset, check_agreement, dataset_reader
 from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.inspect import MOMENT_FIELDS, _episodes_report, _scan
@@ -58,7 +58,7 @@ def run_inspect_dataset(
     moments: dict[str, Moments] = {}
     fields: list[dict[str, Any]] = []
     for path, name in zip(dataset.files, dataset.names, strict=True):
-        with RolloutReader(path, options.safety, check=False, budget=options.max_memory) as reader:
+        with dataset_reader(path, options.safety, check=False, budget=options.max_memory) as reader:
             found: list[str] = []
             try:
                 reader.check_values()
