@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rolloutcli.errors import one_line
-from rolloutcli.pipeline.progress import TEST_PAUSE_ENV, Progress, pause_for_test
+from rolloutcli.pipeline.progress import Progress, TestPause
 
 stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
@@ -78,7 +78,7 @@ class RichProgress(Progress):
         self.enabled = not quiet and stderr.is_terminal  # rich would still print a blank line into a pipe
         self._bar: Any = None
         self._task: Any = None
-        self._pause = float(os.environ.get(TEST_PAUSE_ENV) or 0)
+        self._test = TestPause()  # the test hook (pipeline/progress.py)
 
     def start(self, description: str, total: int) -> None:
         if not self.enabled:
@@ -94,13 +94,7 @@ class RichProgress(Progress):
     def advance(self, amount: int = 1) -> None:
         if self._bar is not None:
             self._bar.advance(self._task, amount)
-        if self._pause > 0:
-            self._test_pause()
-
-    def _test_pause(self) -> None:
-        """The test hook (``pipeline/progress.py``), once."""
-        pause, self._pause = self._pause, 0.0
-        pause_for_test(pause)
+        self._test.advance()
 
     def finish(self) -> None:
         if self._bar is not None:

@@ -45,9 +45,14 @@ def pause_for_test(seconds: float) -> None:
         time.sleep(0.05)
 
 
-class _Pausing(Progress):
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+class TestPause(Progress):
+    """The test hook as a ``Progress``: the first ``advance`` pauses as ``TEST_PAUSE_ENV`` asks, the others do
+    nothing (the CLI's bar and a pool unit's progress both use it)."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self) -> None:
+        self.seconds = float(os.environ.get(TEST_PAUSE_ENV) or 0)
 
     def advance(self, amount: int = 1) -> None:
         seconds, self.seconds = self.seconds, 0.0
@@ -57,5 +62,5 @@ class _Pausing(Progress):
 
 def unit_progress() -> dict[str, Any]:
     """Keyword arguments for a pool unit's command function: ``progress`` pausing as the test hook asks, or none."""
-    seconds = float(os.environ.get(TEST_PAUSE_ENV) or 0)
-    return {"progress": _Pausing(seconds)} if seconds > 0 else {}
+    pause = TestPause()
+    return {"progress": pause} if pause.seconds > 0 else {}
