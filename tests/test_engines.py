@@ -285,3 +285,64 @@ def test_the_entry_point_starts_the_pool_server_before_the_command_line_is_impor
         out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=True).stdout
         assert out.splitlines()[0] == f"server {workers > 1} {workers > 1} False"
     assert tree(tmp_path / "w1") == tree(tmp_path / "w2")
+
+
+MARKER = """
+import atexit, os, sys
+def _mark():
+    open(os.environ["MARK_FILE"], "w").close()
+atexit.register(_mark)
+"""
+
+SERVER_SCRIPT = """
+import multiprocessing, multiprocessing.forkserver as fs, sys
+context = multiprocessing.get_context("forkserver")
+context.set_forkserver_preload(sys.argv[1:])
+fs.ensure_running()
+print(fs._forkserver._forkserver_pid, flush=True)
+"""
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_the_pool_server_ends_without_its_interpreter_shutdown(tmp_path: Path, quick: bool) -> None:
+    """Preloaded first, ``pipeline.preload`` ends the process server with ``os._exit`` once the command is gone
+    (its shutdown with torch imported kept the command's stdout open for up to 0.75 s): an exit function
+    registered before it in the server never runs. Without it (the control) the function runs."""
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "marker_module.py").write_text(MARKER)
+    mark = tmp_path / "marked"
+    preload = ["marker_module", *(["rolloutcli.pipeline.preload"] if quick else [])]
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env["MARK_FILE"] = str(mark)
+    done = subprocess.run([sys.executable, "-c", SERVER_SCRIPT, *preload], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the process server did not end")
+    assert mark.exists() is not quick
+
+
+def test_only_the_pool_server_and_its_workers_end_quickly() -> None:
+    from rolloutcli.pipeline import engine, preload
+
+    assert not preload.IN_SERVER  # this process (pytest, the driver) keeps its shutdown
+    try:
+        assert engine.run_units([(_in_server, ())] * 2, EngineOptions(workers=2)) == [True, True]
+    finally:
+        engine.close_pools()
+
+
+def _in_server() -> bool:
+    from rolloutcli.pipeline import preload
+
+    return preload.IN_SERVER

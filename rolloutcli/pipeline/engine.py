@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
-from rolloutcli.pipeline.preload import start_tracker
+from rolloutcli.pipeline.preload import server_preload, start_tracker
 
 ENGINES = ("local", "ray")
 RAY_INSTALL = 'pip install "rolloutcli[ray]"'
@@ -143,7 +143,7 @@ def _pool(workers: int, modules: list[str]) -> ProcessPoolExecutor:
     if workers not in _POOLS:
         start_tracker()  # before the server: started by it, the tracker would die with a closed terminal
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(modules)
+        context.set_forkserver_preload(server_preload(modules))
         _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_signals)
     return _POOLS[workers]
 
