@@ -325,6 +325,21 @@ def test_probed_once_probes_an_unchanged_file_once(tmp_path: Path, monkeypatch: 
     assert len(asked) == 6
 
 
+def test_batch_probes_each_file_of_a_dataset_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``batch`` opens a dataset's files twice in this process (the agreement check, then the export): each is
+    probed once (a probe is ~20-30 ms of the command's serial start, before any unit runs)."""
+    from rolloutcli.hdf5 import probe
+    from rolloutcli.pipeline.batch import BatchOptions, run_batch
+    from rolloutcli.pipeline.options import RunOptions
+
+    paths = [make_rollout(tmp_path / f"r{i}.h5") for i in range(3)]
+    asked: list[str] = []
+    real = probe._ask
+    monkeypatch.setattr(probe, "_ask", lambda request, timeout: asked.append(request["path"]) or real(request, timeout))
+    run_batch(paths, tmp_path / "shards", BatchOptions(2, offline=True), RunOptions())
+    assert sorted(asked) == sorted(str(p.absolute()) for p in paths)
+
+
 def test_probe_falls_back_to_a_helper_of_its_own_when_the_shared_one_is_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,6 +19,7 @@ from rolloutcli.core.order import ALGORITHM, ORDER_VERSION, ROUNDS
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
 from rolloutcli.dataset import check_agreement
 from rolloutcli.errors import RolloutError, problem_line
+from rolloutcli.hdf5.probe import probed_once
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
 from rolloutcli.pipeline.history import HistoryOptions, history_job
@@ -319,13 +320,14 @@ def run_batch(
         RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
             a chunk (exit 2), missing fields (exit 1), I/O faults (exit 3).
     """
-    if isinstance(src, list):
-        _check_dataset(src, options, run)
-    if isinstance(options, HistoryOptions):
-        prepare = partial(history_job, options=options, budget=run.max_memory)
-    elif isinstance(options, TransitionOptions):
-        prepare = partial(transitions_job, options=options, budget=run.max_memory)
-    else:
-        _check_options(options)
-        prepare = partial(_job, options=options)
-    return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress, engine=engine)
+    with probed_once():  # a dataset's files are opened twice here: to check them, then to export them
+        if isinstance(src, list):
+            _check_dataset(src, options, run)
+        if isinstance(options, HistoryOptions):
+            prepare = partial(history_job, options=options, budget=run.max_memory)
+        elif isinstance(options, TransitionOptions):
+            prepare = partial(transitions_job, options=options, budget=run.max_memory)
+        else:
+            _check_options(options)
+            prepare = partial(_job, options=options)
+        return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress, engine=engine)
