@@ -20,6 +20,7 @@ Usage: python benchmarks/bench_datasets.py [--quick] [--big] [--no-ray] [--repea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -63,8 +64,16 @@ print(json.dumps({"rc": os.waitstatus_to_exitcode(status), "wall": wall,
 
 
 def load() -> str:
+    """The load average and the memory available: with little free memory (old outputs left on tmpfs, whose
+    pages cannot be reclaimed), writing into tmpfs reclaims the page cache first, and the map/reduce path, which
+    writes every row twice, took twice the CPU of the in-process export (benchmarks/README.md)."""
     one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
+    memory = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                memory = f", {int(line.split()[1]) / 2**20:.1f} GiB available"
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}{memory}"
 
 
 def measured(*args: object) -> dict:
