@@ -107,9 +107,15 @@ def read_manifest(folder: Path | str) -> dict[str, Any]:
 def verify_shard(folder: Path, entry: Mapping[str, Any]) -> None:
     """Raise ``RolloutError`` (exit 1) when a shard's bytes do not match the manifest's sha256."""
     path = Path(folder) / entry["file"]
+    found = file_sha256(path)
+    if found != entry["sha256"]:
+        raise RolloutError.field(path, "sha256", entry["sha256"], found, _DAMAGED)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (hex), as the manifest records a shard's."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(8 << 20):
             digest.update(chunk)
-    if digest.hexdigest() != entry["sha256"]:
-        raise RolloutError.field(path, "sha256", entry["sha256"], digest.hexdigest(), _DAMAGED)
+    return digest.hexdigest()

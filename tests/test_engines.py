@@ -162,6 +162,37 @@ def test_batch_on_workers_same_bytes(cli, runs: Path, tmp_path: Path, args: list
     assert tree(tmp_path / "one") == tree(tmp_path / "two")
 
 
+def test_a_reduce_unit_run_again_gives_the_same_shards(cli, runs: Path, tmp_path: Path, monkeypatch) -> None:
+    """A reduce unit removes its pieces once its shard is written. Run again after it finished (Ray retries a
+    task whose worker died before its result came back), it returns the shard's record from the file; one that
+    finds a shard file beside its pieces (an attempt that died writing it) writes the shard anew. The shards
+    and manifest are those of the in-process export, and no piece is left."""
+    from rolloutcli.pipeline import parallel_export
+
+    data = gae_files(cli, runs, tmp_path / "gae")
+    assert cli("batch", data, "-o", tmp_path / "one", "-m", 4, "--max-memory", "8K")[0] == 0
+    left: list[list[Path]] = []
+
+    def each_reduce_twice(units: list, engine: object) -> list:
+        results = []
+        for fn, args in units:
+            if fn is parallel_export.reduce_shard:
+                spec, _, _, name = args
+                (spec.folder / name).write_bytes(b"the start of a shard")  # an attempt that died writing it
+                results.append(fn(*args))
+                assert fn(*args) == results[-1]
+                left.append(list((spec.folder / parallel_export.MAP).iterdir()))
+            else:
+                results.append(fn(*args))
+        return results
+
+    monkeypatch.setattr(parallel_export, "run_units", each_reduce_twice)
+    code, _, err = cli("batch", data, "-o", tmp_path / "two", "-m", 4, "--max-memory", "8K", "--workers", 2)
+    assert code == 0, err
+    assert tree(tmp_path / "one") == tree(tmp_path / "two")
+    assert len(left) == 4 and left[-1] == []
+
+
 def test_batch_distillation_on_workers_same_bytes(cli, tmp_path: Path) -> None:
     from conftest import SAMPLE
 
