@@ -99,12 +99,14 @@ def server_preload(modules: tuple[str, ...] | list[str]) -> list[str]:
 
 
 def _in_process_server() -> bool:
-    """Whether this import runs in multiprocessing's process server (its ``main`` is on the stack)."""
-    import multiprocessing.forkserver
-
+    """Whether this import runs in multiprocessing's process server (its ``main`` is on the stack). Elsewhere
+    the server's module is usually not even imported (importing it costs the command's start ~25 ms)."""
+    server = sys.modules.get("multiprocessing.forkserver")
+    if server is None:
+        return False
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code is multiprocessing.forkserver.main.__code__:
+        if frame.f_code is server.main.__code__:
             return True
         frame = frame.f_back
     return False
