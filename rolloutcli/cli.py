@@ -271,6 +271,8 @@ def _stopped(code: int) -> str:
     what = {EXIT_INTERRUPTED: "interrupted", EXIT_HANGUP: "hangup", EXIT_TERMINATED: "terminated"}[code]
     if RunState.published:
         return f"{what}: the output {RunState.published} was already published and is complete."
+    if RunState.kept:
+        return f"{what}: nothing was published; the finished outputs are kept in {RunState.kept} (--resume continues)."
     return f"{what}: no output was written (temporary files removed)."
 
 

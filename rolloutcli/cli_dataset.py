@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rolloutcli.cli_common import Common
+from rolloutcli.cli_common import Common, RunState
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def per_file(
 ) -> dict[str, Any]:
     """Run ``single(file)`` for one plain file, else the dataset job (``-o`` a folder; ``safety``: the
     ``SafetyOptions`` its files are opened with; ``rollouts`` False: the inputs are split files)."""
-    from rolloutcli.pipeline.dataset_job import run_dataset
+    from rolloutcli.pipeline.dataset_job import partial_folder, run_dataset
     from rolloutcli.pipeline.engine import prestart, unit_modules
 
     dataset = resolve_inputs(files)
@@ -60,18 +60,23 @@ def per_file(
             f"{command}: expected an output folder (-o FOLDER) for a dataset, found none.", exit_code=EXIT_USAGE
         )
     prestart(engine, ["rolloutcli.pipeline.dataset_job", *unit_modules([make_unit(dataset.files[0], output)])])
-    return run_dataset(
-        dataset,
-        output,
-        command,
-        options,
-        make_unit,
-        engine,
-        overwrite=overwrite,
-        resume=resume,
-        safety=safety,
-        rollouts=rollouts,
-    )
+    try:
+        return run_dataset(
+            dataset,
+            output,
+            command,
+            options,
+            make_unit,
+            engine,
+            overwrite=overwrite,
+            resume=resume,
+            safety=safety,
+            rollouts=rollouts,
+        )
+    except BaseException:  # a signal's message then names the partial folder the run kept, if it kept one
+        kept = partial_folder(output)
+        RunState.kept = str(kept) if kept.is_dir() else None
+        raise
 
 
 def render_dataset(console: Any, summary: dict[str, Any]) -> None:

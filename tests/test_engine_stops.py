@@ -115,3 +115,40 @@ def _kill_group(group: int) -> None:
         os.killpg(group, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def test_a_signal_after_finished_files_names_the_partial_folder(runs: Path, tmp_path: Path) -> None:
+    """SIGTERM once some files of a dataset are done: the command says nothing was published and where the
+    finished outputs are kept for --resume (it said "no output was written (temporary files removed)" while the
+    partial folder stayed, and a plain rerun was then refused); --resume finishes the same bytes."""
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rolloutcli", "gae", str(runs), "-o", str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, TEST_PAUSE_ENV: "0.2"},  # every unit pauses after its first block
+    )
+    try:
+        assert process.stderr is not None
+        for _ in range(3):  # the third unit has started: the first two files are done
+            line = process.stderr.readline()
+            assert line.startswith("rolloutcli: test pause after block 1"), line
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+        rest = [text for text in process.stderr.read().splitlines() if not text.startswith("rolloutcli: test pause")]
+    finally:
+        _kill_group(process.pid)
+    partial = partial_folder(out)
+    said = f"terminated: nothing was published; the finished outputs are kept in {partial} (--resume continues)."
+    assert (process.returncode, rest) == (143, [said])
+    assert not out.exists() and {"r0.h5", "r1.h5"} <= {p.name for p in partial.iterdir()}
+    done = subprocess.run(
+        [sys.executable, "-m", "rolloutcli", "gae", str(runs), "-o", str(out), "--resume"], capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+    whole = subprocess.run([sys.executable, "-m", "rolloutcli", "gae", str(runs), "-o", str(tmp_path / "whole")])
+    assert whole.returncode == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {
+        p.name: p.read_bytes() for p in (tmp_path / "whole").iterdir()
+    }
