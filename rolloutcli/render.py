@@ -314,9 +314,11 @@ _RATE_MIN_BYTES = 64 << 20
 
 def render_batch(console: Console, summary: dict[str, Any]) -> None:
     """Print a ``batch`` summary: what was written, how rows were ordered, what was dropped, time."""
-    console.print(
-        f"batch {summary['input']} -> {summary['output']}  ({summary['mode']}, T={summary['T']}, N={summary['N']})"
-    )
+    source, steps = summary["input"], f"T={summary['T']}"
+    if isinstance(source, list):  # a dataset: its file count, not a Python list; files may differ in T
+        source = f"{len(source)} files ({source[0]} ...)"
+        steps = steps if summary["T"] is not None else "T differs"
+    console.print(f"batch {source} -> {summary['output']}  ({summary['mode']}, {steps}, N={summary['N']})")
     unit = "windows" if summary["mode"] == "history" else "rows"
     console.print(
         f"{summary['entries']} mini-batches ({summary['epochs']} epoch(s) x {summary['num_mini_batches']}) in "

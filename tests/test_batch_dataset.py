@@ -131,3 +131,13 @@ def test_dataset_refusals(cli, tmp_path: Path) -> None:
     code, _, err = cli("batch", gae, "-o", tmp_path / "m", "-m", 125)
     assert code == 2 and "expected at most 124 (the dataset's rows (T*N))" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gae", "raw"]  # nothing published, no temporaries
+
+
+def test_the_summary_of_a_dataset_names_its_files_in_words(cli, tmp_path: Path) -> None:
+    """The first summary line of a dataset's batch: the file count and the first file, and "T differs" for files
+    of several lengths (it printed the Python list of paths and T=None)."""
+    data = gae_dataset(cli, tmp_path, [(12, 3), (20, 2)])
+    code, out, err = cli("batch", data, "-o", tmp_path / "shards", "-m", 2)
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first == f"batch 2 files ({data / 'r0.h5'} ...) -> {tmp_path / 'shards'}  (feedforward, T differs, N=5)"
