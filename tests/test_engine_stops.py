@@ -86,13 +86,7 @@ def test_a_signal_to_the_whole_job_ends_a_pool_run(runs: Path, tmp_path: Path, s
     group), while the workers are mid-write. The command ends with the signal's code and one line, nothing is
     published, and no process of the job is left."""
     out = tmp_path / "out"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rolloutcli", "gae", str(runs), "-o", str(out), "--workers", "2"],
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, TEST_PAUSE_ENV: "300"},  # every unit pauses after its first block
-    )
+    process = _paused_job(["gae", str(runs), "-o", str(out), "--workers", "2"], pause=300)
     try:
         assert process.stderr is not None
         line = process.stderr.readline()
@@ -110,6 +104,17 @@ def test_a_signal_to_the_whole_job_ends_a_pool_run(runs: Path, tmp_path: Path, s
     assert not [p.name for p in partial.rglob("*") if TEMP_MARKER in p.name]
 
 
+def _paused_job(args: list[str], pause: float) -> subprocess.Popen:
+    """``rolloutcli ARGS`` in a process group of its own, every unit pausing ``pause`` s after its first block."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "rolloutcli", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, TEST_PAUSE_ENV: str(pause)},
+    )
+
+
 def _kill_group(group: int) -> None:
     try:
         os.killpg(group, signal.SIGKILL)
@@ -122,13 +127,7 @@ def test_a_signal_after_finished_files_names_the_partial_folder(runs: Path, tmp_
     finished outputs are kept for --resume (it said "no output was written (temporary files removed)" while the
     partial folder stayed, and a plain rerun was then refused); --resume finishes the same bytes."""
     out = tmp_path / "out"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rolloutcli", "gae", str(runs), "-o", str(out)],
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, TEST_PAUSE_ENV: "0.2"},  # every unit pauses after its first block
-    )
+    process = _paused_job(["gae", str(runs), "-o", str(out)], pause=0.2)
     try:
         assert process.stderr is not None
         for _ in range(3):  # the third unit has started: the first two files are done
