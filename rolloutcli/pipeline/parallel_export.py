@@ -3,10 +3,10 @@
 A map unit reads one source block, finds each row's shard and slot in every pass (the plan's streamed order or
 its positions) and writes the rows of each shard to a piece file ``.map/p<pass>-s<shard>/<block>`` in the
 temporary shard folder (``k`` as 8 bytes, slots ``[k] int64``, then each field's ``[k, *row_shape]`` bytes
-padded to 8). A reduce unit scatters a shard's pieces into slot order, shapes them as the mode does and
-writes the shard file. The driver runs the maps, then the reduces, then writes the manifest. Units are pure
-functions of their arguments and write only their own files, so a retried unit rewrites the same bytes, and
-the shards are the bytes of the in-process export (same plan, same rows, same shard writer).
+padded to 8). A reduce unit scatters a shard's pieces into slot order, shapes them as the mode does,
+writes the shard file and removes the pieces. The driver runs the maps, then the reduces, then writes the
+manifest. Units are pure functions of their arguments and write only their own files, so a retried unit gives
+the same bytes, and the shards are the bytes of the in-process export (same plan, same rows, same writer).
 """
 
 from __future__ import annotations
