@@ -151,3 +151,26 @@ def test_a_signal_after_finished_files_names_the_partial_folder(runs: Path, tmp_
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {
         p.name: p.read_bytes() for p in (tmp_path / "whole").iterdir()
     }
+
+
+def _die() -> None:
+    os._exit(1)
+
+
+def test_a_pool_broken_before_submitting_is_reported_as_a_dead_worker() -> None:
+    """A worker that died before the next step's units are submitted (a pool already broken): submit raises
+    BrokenProcessPool, which is the one-line exit 3 of a dead worker, not a traceback (newcomer trial)."""
+    from rolloutcli.errors import RolloutError
+    from rolloutcli.pipeline import engine
+
+    options = engine.EngineOptions(workers=2)
+    try:
+        with pytest.raises(RolloutError, match="a worker process died"):
+            engine.run_units([(_die, ())] * 2, options)
+        pool = engine._pool(2, [])  # kept for the next step, as the map step's pool is for the reduce step
+        pool.submit(_die).exception()
+        with pytest.raises(RolloutError, match="a worker process died") as failed:
+            engine.run_units([(os.getpid, ())] * 2, options)
+        assert failed.value.exit_code == 3
+    finally:
+        engine.close_pools()

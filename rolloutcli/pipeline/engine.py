@@ -212,9 +212,11 @@ def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[
     pool = _pool(workers, unit_modules(units))
     stop = os.path.join(tempfile.gettempdir(), f"rolloutcli-stop-{os.getpid()}-{secrets.token_hex(8)}")
     env = {**options.env(), **shared_env(), STOP_ENV: stop}  # the workers ask this process's metadata probe helper
-    futures = {pool.submit(_call, fn, args, env): i for i, (fn, args) in enumerate(units)}
+    futures: dict[Future[Any], int] = {}
     completed = False
-    try:
+    try:  # a pool broken before or while the units are submitted raises in submit
+        for i, (fn, args) in enumerate(units):
+            futures[pool.submit(_call, fn, args, env)] = i
         for future, index in futures.items():  # in submission order: a failure is the first failing unit's
             finished(index, future.result())
         completed = True
