@@ -52,8 +52,13 @@ from rolloutcli.errors import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     RolloutError,
+    Signalled,
+    forget_signal,
+    note_signal,
     one_line,
     out_of_memory,
+    signal_code,
+    stop_if_signalled,
 )
 from rolloutcli.hdf5.atomic import remove_live_temporaries
 from rolloutcli.render import stderr
@@ -244,19 +249,31 @@ app.command(epilog=_example(cli_plot.EXAMPLE))(cli_plot.plot)
 app.command(epilog=_example(RETURNS_EXAMPLE))(returns)
 
 
-class _Signalled(BaseException):
-    """SIGTERM or SIGHUP: unwinds the command like Ctrl-C (temporaries removed), with its own exit code."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
+_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGHUP: EXIT_HANGUP, signal.SIGTERM: EXIT_TERMINATED}
 
 
-def _on_signal(signum: int, frame: object) -> None:
-    if signum == signal.SIGINT:
-        RunState.interrupted = True  # seen even if the KeyboardInterrupt is swallowed (a __del__, a thread)
-        raise KeyboardInterrupt
-    raise _Signalled(EXIT_HANGUP if signum == signal.SIGHUP else EXIT_TERMINATED)
+def _on_signal(signum: int, frame: Any) -> None:
+    """Note the signal, then raise its exception here, unless this is inside an import: an exception raised
+    there leaves half-imported modules that later code trips on (``module 'numpy' has no attribute 'matrix'``, a
+    traceback and exit 1). The noted signal is raised at the command's next stop point instead (its progress,
+    before it publishes, when it returns: ``stop_if_signalled``)."""
+    note_signal(_CODES[signal.Signals(signum)])
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return
+        frame = frame.f_back
+    stop_if_signalled()
+
+
+def _unraisable(hook: Any) -> Any:
+    """``sys.unraisablehook`` that keeps quiet about the signal's exception raised where Python cannot pass it on
+    (a weakref callback, a ``__del__``): the noted signal stops the command at its next stop point."""
+
+    def quiet(info: Any) -> None:
+        if not (signal_code() is not None and isinstance(info.exc_value, (KeyboardInterrupt, Signalled))):
+            hook(info)
+
+    return quiet
 
 
 def _say(message: str) -> None:
@@ -294,8 +311,9 @@ def _run(args: list[str]) -> int:
     try:
         result = app(args=args, prog_name="rolloutcli", standalone_mode=False)
         code = result if isinstance(result, int) else 0
-        if code == EXIT_INTERRUPTED or RunState.interrupted:  # click turns Ctrl-C into a return of 130
+        if code == EXIT_INTERRUPTED:  # click turns Ctrl-C into a return of 130
             raise KeyboardInterrupt
+        stop_if_signalled()  # a signal whose exception was lost or held back
         sys.stdout.flush()  # a full disk under `> report.json` shows here, as an I/O fault
         return code
     except StdoutClosed:
@@ -305,7 +323,7 @@ def _run(args: list[str]) -> int:
     except (typer.Abort, KeyboardInterrupt):
         _say(_stopped(EXIT_INTERRUPTED))
         return EXIT_INTERRUPTED
-    except _Signalled as stop:
+    except Signalled as stop:
         _say(_stopped(stop.code))
         return stop.code
     except MemoryError:
@@ -345,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if sys.stderr is None:  # started with 2>&-
         sys.stderr = open(os.devnull, "w")  # for the life of the process
-    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    forget_signal()
+    previous = {sig: signal.signal(sig, _on_signal) for sig in _CODES}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _unraisable(sys.unraisablehook)
     real_stdout = sys.stdout
     sys.stdout = GuardedStdout(real_stdout)
     try:
@@ -357,13 +377,14 @@ def main(argv: list[str] | None = None) -> int:
         code = error.exit_code
     except KeyboardInterrupt:  # a second Ctrl-C while the first was being reported
         code = EXIT_INTERRUPTED
-    except _Signalled as stop:
+    except Signalled as stop:
         code = stop.code
     finally:
         sys.stdout = real_stdout
         _cleanup()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        sys.unraisablehook = previous_hook
     if own_process:
         _exit_now(code)
     return code

@@ -222,12 +222,11 @@ class RunState:
 
     started: float = time.perf_counter()
     published: str | None = None
-    interrupted: bool = False
     kept: str | None = None  # a dataset run's partial folder, kept with its finished outputs for --resume
 
     @classmethod
     def begin(cls) -> None:
-        cls.started, cls.published, cls.interrupted, cls.kept = time.perf_counter(), None, False, None
+        cls.started, cls.published, cls.kept = time.perf_counter(), None, None
 
 
 class StdoutClosed(Exception):

@@ -67,3 +67,40 @@ def problem_line(path: object, field: str, expected: str, found: str, fix: str =
 def out_of_memory(error: ImportError) -> bool:
     """An import that failed for want of memory (a low ``ulimit -v``), not for a missing module."""
     return any(words in str(error).lower() for words in ("memory", "failed to map segment"))
+
+
+class Signalled(BaseException):
+    """SIGTERM or SIGHUP to the command: unwinds it like Ctrl-C (temporaries removed), with its own exit code."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+_SIGNAL: list[int] = []  # the exit code of the signal the command got (the CLI's handler notes it), if any
+
+
+def note_signal(code: int) -> None:
+    """Remember a signal (``EXIT_INTERRUPTED``, ``EXIT_HANGUP``, ``EXIT_TERMINATED``) until the command ends."""
+    _SIGNAL[:] = [code]
+
+
+def signal_code() -> int | None:
+    """The exit code of the signal the command got, or None."""
+    return _SIGNAL[0] if _SIGNAL else None
+
+
+def forget_signal() -> None:
+    _SIGNAL.clear()
+
+
+def stop_if_signalled() -> None:
+    """Raise the noted signal's exception (``KeyboardInterrupt`` for Ctrl-C). Called where a command may stop
+    (its progress, before an output is published): the handler's own exception can be lost (raised inside a
+    weakref callback or a library's ``except``) or held back (inside an import), and the command must still stop
+    before it publishes anything."""
+    code = signal_code()
+    if code == EXIT_INTERRUPTED:
+        raise KeyboardInterrupt
+    if code is not None:
+        raise Signalled(code)

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rolloutcli.errors import one_line
+from rolloutcli.errors import one_line, stop_if_signalled
 from rolloutcli.pipeline.progress import Progress, TestPause
 
 stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
@@ -81,6 +81,7 @@ class RichProgress(Progress):
         self._test = TestPause()  # the test hook (pipeline/progress.py)
 
     def start(self, description: str, total: int) -> None:
+        stop_if_signalled()  # a stop point: a signal held back during an import, or whose exception was lost
         if not self.enabled:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -92,6 +93,7 @@ class RichProgress(Progress):
         self._task = self._bar.add_task(one_line(description), total=total)
 
     def advance(self, amount: int = 1) -> None:
+        stop_if_signalled()
         if self._bar is not None:
             self._bar.advance(self._task, amount)
         self._test.advance()

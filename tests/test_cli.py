@@ -18,7 +18,7 @@ from conftest import REPO, SAMPLE
 from promises import PAUSE_MARKER, child_env, run_rolloutcli, temporaries
 from rollout_factory import make_rollout, rollout_arrays, write_rollout
 
-from rolloutcli.cli_common import RunState
+from rolloutcli.errors import EXIT_INTERRUPTED, note_signal
 
 COMMAND_NAMES = ["inspect", "gae", "split", "batch"]
 
@@ -252,7 +252,7 @@ def test_swallowed_ctrl_c_still_exits_130(tmp_path: Path, cli, monkeypatch) -> N
 
     def swallowed(*args, **kwargs):
         summary = real(*args, **kwargs)
-        RunState.interrupted = True  # what the SIGINT handler records before its exception is lost
+        note_signal(EXIT_INTERRUPTED)  # what the SIGINT handler records before its exception is lost
         return summary
 
     monkeypatch.setattr(split_pipeline, "run_split", swallowed)

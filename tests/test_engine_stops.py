@@ -174,3 +174,32 @@ def test_a_pool_broken_before_submitting_is_reported_as_a_dead_worker() -> None:
         assert failed.value.exit_code == 3
     finally:
         engine.close_pools()
+
+
+def _stuck(started: str) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(started).touch()
+    time.sleep(60)
+
+
+def test_closing_the_pools_ends_a_worker_that_does_not_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that does not end when the pool shuts down (after a SIGTERM to the whole job, one waited for
+    ever on a queue lock a dead worker held) is killed after the grace time; the pool's own shutdown waited for
+    it for ever (1 in ~30 group SIGTERMs to a newcomer's `batch --workers 2` hung)."""
+    from rolloutcli.pipeline import engine
+
+    monkeypatch.setattr(engine, "CLOSE_GRACE_S", 0.5)
+    pool = engine._pool(2, [])
+    processes = []
+    try:
+        started = tmp_path / "started"
+        future = pool.submit(_stuck, str(started))
+        while not started.exists():
+            time.sleep(0.01)
+        processes = list(pool._processes.values())
+    finally:
+        begun = time.monotonic()
+        engine.close_pools()
+    assert time.monotonic() - begun < 30  # the unit sleeps 60 s: the old shutdown waited for it
+    assert processes and all(p.exitcode is not None for p in processes)
+    assert future.done()

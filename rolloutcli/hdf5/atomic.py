@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, EXIT_USAGE, RolloutError
+from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, EXIT_USAGE, RolloutError, stop_if_signalled
 from rolloutcli.hdf5.rename import exchange, rename_noreplace
 
 TEMP_MARKER = ".rolloutcli-tmp-"
@@ -220,6 +220,7 @@ def atomic_file(
     parent = _parent(dst)
     with _temporary(dst, parent, "file") as tmp:
         yield tmp
+        stop_if_signalled()  # a command's signal whose exception was lost: publish nothing
         try:
             if replace_input:
                 _keep_identity(tmp, dst)
@@ -285,6 +286,7 @@ def atomic_folder(
     check_output_path(shown, inputs, overwrite=overwrite, kind="folder", owned=owned)
     with _temporary(shown, dst.parent, "folder") as tmp:
         yield tmp
+        stop_if_signalled()
         try:
             _seal_folder(tmp, _mode_for(inputs))
             if overwrite and os.path.lexists(dst):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcli.dataset import Dataset, Signature, check_agrees, file_hash, signature
-from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, EXIT_USAGE, RolloutError
+from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, EXIT_USAGE, RolloutError, stop_if_signalled
 from rolloutcli.hdf5.atomic import TEMP_MARKER, atomic_file
 from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.probe import probed_once
@@ -206,6 +206,7 @@ def run_dataset(
 
 def _publish(tmp: Path, dst: Path, overwrite: bool) -> None:
     """Rename the finished folder onto ``dst`` (an earlier dataset folder moved aside first with --overwrite)."""
+    stop_if_signalled()
     old = None
     try:
         if overwrite and os.path.lexists(dst):

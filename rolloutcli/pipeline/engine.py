@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import multiprocessing.forkserver
 import os
 import secrets
 import signal
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
-from rolloutcli.pipeline.preload import server_preload, start_tracker
+from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError, stop_if_signalled
+from rolloutcli.pipeline.preload import server_preload, start_server, start_tracker
 
 ENGINES = ("local", "ray")
 RAY_INSTALL = 'pip install "rolloutcli[ray]"'
@@ -118,6 +118,7 @@ def run_units(units: Sequence[Unit], options: EngineOptions, done: Callable[[int
     results: list[Any] = [None] * len(units)
 
     def finished(index: int, result: Any) -> None:
+        stop_if_signalled()  # the command's signal, whose exception may have been lost
         if isinstance(result, _Failed):
             raise RolloutError(result.message, exit_code=result.exit_code, problems=result.problems)
         results[index] = result
@@ -144,6 +145,13 @@ def _pool(workers: int, modules: list[str]) -> ProcessPoolExecutor:
         start_tracker()  # before the server: started by it, the tracker would die with a closed terminal
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(server_preload(modules))
+        try:
+            start_server()  # here, not from a pool thread: Ctrl-C must be blocked in it while it starts
+        except OSError as exc:  # no process to spare (a process limit, no memory)
+            raise RolloutError(
+                f"--engine local: cannot start the worker processes: {exc.strerror or exc}. Lower --workers.",
+                exit_code=EXIT_IO,
+            ) from exc
         _POOLS[workers] = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_signals)
     return _POOLS[workers]
 
@@ -172,7 +180,6 @@ def prestart(options: EngineOptions, modules: list[str]) -> None:
     started from a thread: each start waits for the server."""
     if options.engine == "local" and options.workers > 1:
         pool = _pool(options.workers, modules)
-        multiprocessing.forkserver.ensure_running()
         thread = threading.Thread(target=_warm, args=(pool, options.workers), name="rolloutcli-warm", daemon=True)
         thread.start()
         _WARMING.append(thread)
@@ -187,12 +194,32 @@ def _warm_worker() -> None:
     """Nothing: submitting it starts a worker (they probe files through the driver's helper: ``_run_pool``)."""
 
 
+CLOSE_GRACE_S = 5.0  # an idle worker ends within this once told to; one that does not is stuck and is killed
+
+
 def close_pools() -> None:
-    """Shut the local pools down (a command calls it when its units are done: idle workers must not outlive it)."""
+    """Shut the local pools down (a command calls it when its units are done: idle workers must not outlive it).
+    A worker still alive ``CLOSE_GRACE_S`` after being told to end is killed: after a signal to the whole job, a
+    worker started as another died can wait for ever on a queue lock the dead one held, and the pool's own
+    shutdown then waited for it for ever (1 in ~30 group SIGTERMs to ``batch --workers 2``)."""
     while _WARMING:
-        _WARMING.pop().join()
+        _WARMING.pop().join(CLOSE_GRACE_S)  # a daemon thread; its futures end when the pool is shut
     while _POOLS:
-        _POOLS.popitem()[1].shutdown(wait=True, cancel_futures=True)
+        _shut(_POOLS.popitem()[1])
+
+
+def _shut(pool: ProcessPoolExecutor) -> None:
+    processes = list((pool._processes or {}).values())  # the pool drops them in shutdown
+    manager = pool._executor_manager_thread
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + CLOSE_GRACE_S
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+    if manager is not None:
+        manager.join()  # returns now: every worker it joins has ended
 
 
 def unit_modules(units: Sequence[Unit]) -> list[str]:
@@ -222,6 +249,7 @@ def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[
         completed = True
     except BrokenProcessPool as exc:
         _POOLS.pop(workers, None)
+        stop_if_signalled()  # a signal to the whole job: its workers died of it, maybe before this process saw it
         raise RolloutError(
             "--engine local: a worker process died (out of memory or killed); nothing was published. "
             "Rerun with --resume to continue.",

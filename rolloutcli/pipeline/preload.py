@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import glob
 import os
+import signal
 import sys
 
 PER_FILE = "rolloutcli.pipeline.dataset_job"  # the per-file commands' dataset job wraps every unit
@@ -72,25 +73,47 @@ def start_early(args: list[str]) -> bool:
     multiprocessing.get_context("forkserver").set_forkserver_preload(server_preload(modules))
     try:
         start_tracker()
-        multiprocessing.forkserver.ensure_running()
+        start_server()
     except OSError:  # no process to spare now: the command's own pool start reports it, with its reason
         return False
     return True
+
+
+def start_server() -> None:
+    """Start multiprocessing's process server with Ctrl-C blocked in it until it ignores it (this module's
+    import there, below). Python's server ignores SIGINT only once its imports are done: a Ctrl-C to the whole
+    job while it started or imported torch printed its traceback, or a 'Fatal Python error', under the command's
+    one line. The signal stays pending in this thread while the server is spawned, so this process still gets it."""
+    from multiprocessing import forkserver
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def start_tracker() -> None:
     """Start multiprocessing's resource tracker (the pool's server starts it, else) with SIGHUP blocked in it.
     Python 3.11's tracker ignores SIGINT and SIGTERM only: a closed terminal killed it, and the command, cleaning
     up its pool, started another with a warning of three lines on stderr. The signal stays pending in this
-    thread while the tracker is spawned, so this process still gets it."""
-    import signal
+    thread while the tracker is spawned, so this process still gets it.
+
+    The tracker runs with its warnings off (``-W``, which it takes from ``sys.warnoptions``): when a signal to the
+    whole job kills a worker holding a queue's lock, it warned of 'leaked semaphore objects' on the command's
+    stderr, under the command's one line, and then cleaned them up as it should."""
     from multiprocessing import resource_tracker
 
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    sys.warnoptions.append(TRACKER_QUIET)
     try:
         resource_tracker.ensure_running()
     finally:
+        sys.warnoptions.remove(TRACKER_QUIET)
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+TRACKER_QUIET = "ignore::UserWarning"
 
 
 def server_preload(modules: tuple[str, ...] | list[str]) -> list[str]:
@@ -123,3 +146,7 @@ def _end_server() -> None:
 IN_SERVER = _in_process_server()  # also True in the workers, which the server forks after its imports
 if IN_SERVER:
     atexit.register(_end_server)
+    # Ctrl-C (blocked since the server's start: start_server) is the command's to handle; each worker handles
+    # its own (engine._worker_signals).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -1,0 +1,165 @@
+"""A signal the command got stops it before it publishes, wherever the handler's exception went.
+
+A newcomer's trial sent signals in the first second of a run, while torch and numpy were still importing: some
+runs ignored SIGTERM and published (exit 0), some noted SIGINT but still published (exit 130 "already
+published"), some ended in a traceback (``module 'numpy' has no attribute 'matrix'``: the handler's exception
+raised inside an import left numpy half-imported), and a Ctrl-C to the whole job printed the pool's process
+server's traceback under the command's one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLE
+
+from rolloutcli import cli
+from rolloutcli.errors import (
+    EXIT_TERMINATED,
+    Signalled,
+    forget_signal,
+    note_signal,
+    signal_code,
+    stop_if_signalled,
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_signal_left() -> None:
+    forget_signal()
+    yield
+    forget_signal()
+
+
+def test_a_signal_inside_an_import_is_held_back_to_the_next_stop_point(tmp_path: Path, monkeypatch) -> None:
+    """Raised inside an import, the exception leaves half-imported modules behind; the handler notes it and
+    returns there, and the command's next stop point raises it."""
+    (tmp_path / "signalled_while_imported.py").write_text(
+        "import signal, sys\n"
+        "from rolloutcli import cli\n"
+        "cli._on_signal(signal.SIGTERM, sys._getframe())\n"
+        "COMPLETE = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("signalled_while_imported")
+    assert module.COMPLETE and signal_code() == EXIT_TERMINATED
+    with pytest.raises(Signalled) as stopped:
+        stop_if_signalled()
+    assert stopped.value.code == EXIT_TERMINATED
+    forget_signal()
+    with pytest.raises(Signalled):  # outside an import it raises at once
+        cli._on_signal(signal.SIGTERM, sys._getframe())
+
+
+def test_a_signal_whose_exception_was_lost_publishes_nothing(tmp_path: Path, cli, monkeypatch) -> None:
+    """The handler's exception raised inside a weakref callback is lost (Python prints 'Exception ignored' and
+    goes on): the run must still publish nothing, exit 143, and print only its one line."""
+    import rolloutcli.pipeline.gae as gae_pipeline
+
+    real = gae_pipeline.gae_arrays
+
+    class Anything:
+        pass
+
+    def lost(*args, **kwargs):
+        note_signal(EXIT_TERMINATED)  # what the handler does before it raises
+        thing = Anything()
+        weakref.finalize(thing, _raise_signalled)
+        del thing  # the finalizer's exception cannot be passed on: Python reports it as unraisable
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gae_pipeline, "gae_arrays", lost)
+    code, _, err = cli("gae", SAMPLE, "-o", tmp_path / "out.h5")
+    assert code == EXIT_TERMINATED
+    assert err.strip() == "terminated: no output was written (temporary files removed)."
+    assert os.listdir(tmp_path) == []
+
+
+def _raise_signalled() -> None:
+    raise Signalled(EXIT_TERMINATED)
+
+
+def _die() -> None:
+    os._exit(1)
+
+
+def test_workers_killed_by_the_jobs_signal_report_the_signal() -> None:
+    """A SIGTERM to the whole job can kill the workers before this process runs its handler: the broken pool is
+    the signal (exit 143), not 'a worker process died' (exit 3)."""
+    from rolloutcli.pipeline import engine
+
+    note_signal(EXIT_TERMINATED)
+    try:
+        with pytest.raises(Signalled):
+            engine._run_pool([(_die, ())] * 2, engine.EngineOptions(workers=2), lambda i, r: None)
+    finally:
+        engine.close_pools()
+
+
+def test_ctrl_c_while_the_pool_server_imports_is_ignored_there(capfd) -> None:
+    """The process server ignores Ctrl-C only after its imports in Python 3.11; a Ctrl-C to the whole job while
+    it imported torch killed it with a traceback on the command's stderr. It is blocked there until then."""
+    from multiprocessing import forkserver
+
+    from rolloutcli.pipeline import engine
+
+    try:
+        pool = engine._pool(2, ["torch"])  # the server imports torch: a second or so
+        os.kill(forkserver._forkserver._forkserver_pid, signal.SIGINT)
+        assert pool.submit(os.getpid).result(timeout=120) > 0
+        time.sleep(0.2)
+    finally:
+        engine.close_pools()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_signals_lost_exception_is_not_reported_as_unraisable() -> None:
+    """Python would print 'Exception ignored in: ...' and a traceback under the command's one line."""
+    from types import SimpleNamespace
+
+    seen = []
+    hook = cli._unraisable(seen.append)
+    hook(SimpleNamespace(exc_value=ValueError("other")))
+    note_signal(EXIT_TERMINATED)
+    hook(SimpleNamespace(exc_value=Signalled(EXIT_TERMINATED)))
+    hook(SimpleNamespace(exc_value=KeyboardInterrupt()))
+    hook(SimpleNamespace(exc_value=ValueError("still reported")))
+    assert [str(info.exc_value) for info in seen] == ["other", "still reported"]
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_an_output_is_not_published_once_a_signal_was_noted(tmp_path: Path, kind: str) -> None:
+    from rolloutcli.hdf5.atomic import atomic_file, atomic_folder
+
+    atomic = atomic_file if kind == "file" else atomic_folder
+    with pytest.raises(Signalled):
+        with atomic(tmp_path / "out") as tmp:
+            note_signal(EXIT_TERMINATED)  # the handler's exception lost while the output was written
+            (tmp / "shard.h5" if kind == "folder" else tmp).write_bytes(b"data")
+    assert os.listdir(tmp_path) == []
+
+
+LEAK = """
+import multiprocessing, os, sys
+from rolloutcli.pipeline.preload import start_tracker
+start_tracker()
+lock = multiprocessing.get_context("forkserver").Lock()  # registered with the tracker, as a pool's queue locks
+os._exit(0)  # as the command ends; after a signal killed a worker, a queue's lock can be left registered
+"""
+
+
+def test_the_resource_tracker_keeps_quiet_about_what_it_cleans_up() -> None:
+    import subprocess
+
+    from promises import child_env
+
+    run = subprocess.run([sys.executable, "-c", LEAK], capture_output=True, text=True, env=child_env(), timeout=60)
+    time.sleep(0.5)  # the tracker cleans up once this process is gone
+    assert run.returncode == 0 and run.stderr == ""
