@@ -1,13 +1,14 @@
 """``python -m rolloutcli`` and the ``rolloutcli`` console script.
 
-``run`` imports the command line inside a guard, so a Ctrl-C while Python is still starting up (importing
-typer and rich) ends with exit 130 and one line, not a KeyboardInterrupt traceback. When an argument names an
-existing path, it first starts the metadata probe's helper (``rolloutcli.hdf5.probe``) and, for a command that
-will run a local pool, the pool's process server (``rolloutcli.pipeline.preload``), whose starts then overlap
-the imports instead of following them.
+``run`` imports the command line inside a guard, so a Ctrl-C, SIGTERM or SIGHUP while Python is still starting
+up (importing typer and rich) ends with exit 130, 143 or 129 and one line, not a traceback or a silent death.
+When an argument names an existing path, it first starts the metadata probe's helper (``rolloutcli.hdf5.probe``)
+and, for a command that will run a local pool, the pool's process server (``rolloutcli.pipeline.preload``),
+whose starts then overlap the imports instead of following them.
 """
 
 import os
+import signal
 import sys
 
 
@@ -36,7 +37,17 @@ def _names_a_path(args: list[str]) -> bool:
     return any(not arg.startswith("-") and os.path.exists(arg) for arg in args[1:])
 
 
+class _StartStopped(BaseException):
+    """SIGTERM or SIGHUP before the command line's own handlers are in place (Python still importing)."""
+
+
+def _start_stopped(signum: int, frame: object) -> None:
+    raise _StartStopped(signum)
+
+
 def run() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # replaced by the command line's handlers once it is imported
+        signal.signal(sig, _start_stopped)
     try:
         return_freed_memory()
         if _names_a_path(sys.argv[1:]):
@@ -52,6 +63,10 @@ def run() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted: no output was written.\n")
         os._exit(130)
+    except _StartStopped as stop:  # ends at once: modules may be half-imported
+        what = "hangup" if stop.args[0] == signal.SIGHUP else "terminated"
+        sys.stderr.write(f"{what}: no output was written.\n")
+        os._exit(128 + stop.args[0])
     except (MemoryError, ImportError) as exc:  # an import under a low `ulimit -v` fails for want of memory
         from rolloutcli.errors import out_of_memory
 

@@ -382,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sys.stdout = real_stdout
         _cleanup()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, handler in previous.items():  # the process itself ends now: a late signal changes nothing
+            signal.signal(sig, signal.SIG_IGN if own_process else handler)
         sys.unraisablehook = previous_hook
     if own_process:
         _exit_now(code)

@@ -163,3 +163,26 @@ def test_the_resource_tracker_keeps_quiet_about_what_it_cleans_up() -> None:
     run = subprocess.run([sys.executable, "-c", LEAK], capture_output=True, text=True, env=child_env(), timeout=60)
     time.sleep(0.5)  # the tracker cleans up once this process is gone
     assert run.returncode == 0 and run.stderr == ""
+
+
+@pytest.mark.parametrize(("sig", "code", "what"), [(signal.SIGTERM, 143, "terminated"), (signal.SIGHUP, 129, "hangup")])
+def test_a_signal_while_python_starts_up_is_one_line(sig: int, code: int, what: str) -> None:
+    """Before the command line's handlers are in place (typer and rich importing), SIGTERM killed the process
+    silently and SIGHUP too; now they end with their exit code and one line, as Ctrl-C did."""
+    import subprocess
+
+    from promises import child_env
+
+    script = (
+        "import builtins, os, signal\n"
+        "real = builtins.__import__\n"
+        "def signalled(name, *args, **kwargs):\n"
+        "    if name == 'rolloutcli.cli':\n"
+        f"        os.kill(os.getpid(), {int(sig)})\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = signalled\n"
+        "from rolloutcli.__main__ import run\n"
+        "run()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env())
+    assert (result.returncode, result.stderr) == (code, f"{what}: no output was written.\n")
