@@ -198,8 +198,7 @@ def test_closing_the_pools_ends_a_worker_that_does_not_end(tmp_path: Path, monke
             time.sleep(0.01)
         processes = list(pool._processes.values())
     finally:
-        begun = time.monotonic()
         engine.close_pools()
-    assert time.monotonic() - begun < 30  # the unit sleeps 60 s: the old shutdown waited for it
-    assert processes and all(p.exitcode is not None for p in processes)
+    # killed, not waited for: the unit sleeps 60 s, and the old shutdown waited until it ended (exit code 0)
+    assert sorted(p.exitcode for p in processes) == sorted([-signal.SIGKILL, 0][: len(processes)])
     assert future.done()
