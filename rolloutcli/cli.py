@@ -385,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig, handler in previous.items():  # the process itself ends now: a late signal changes nothing
             signal.signal(sig, signal.SIG_IGN if own_process else handler)
         sys.unraisablehook = previous_hook
+        forget_signal()  # an embedding program's next library call must not stop for this command's signal
     if own_process:
         _exit_now(code)
     return code

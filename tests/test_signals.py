@@ -186,3 +186,22 @@ def test_a_signal_while_python_starts_up_is_one_line(sig: int, code: int, what: 
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env())
     assert (result.returncode, result.stderr) == (code, f"{what}: no output was written.\n")
+
+
+def test_the_signal_is_forgotten_when_the_command_returns(tmp_path: Path, cli, monkeypatch) -> None:
+    """An embedding program (tests, a notebook) calls the library after ``main(argv)`` returned: a signal that
+    stopped the command must not stop the next library call's publish."""
+    import rolloutcli.pipeline.gae as gae_pipeline
+    from rolloutcli.hdf5.atomic import atomic_file
+
+    real = gae_pipeline.gae_arrays
+
+    def signalled(*args, **kwargs):
+        note_signal(EXIT_TERMINATED)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gae_pipeline, "gae_arrays", signalled)
+    assert cli("gae", SAMPLE, "-o", tmp_path / "out.h5")[0] == EXIT_TERMINATED
+    with atomic_file(tmp_path / "later.bin") as tmp:
+        tmp.write_bytes(b"published")
+    assert (tmp_path / "later.bin").read_bytes() == b"published"
