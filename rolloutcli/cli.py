@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rolloutcli import cli_nstep, cli_plot, cli_stats
+from rolloutcli import cli_nstep, cli_plot, cli_signals, cli_stats
 from rolloutcli.cli_batch import batch
 from rolloutcli.cli_common import (
     Common,
@@ -45,23 +45,17 @@ from rolloutcli.cli_dataset import (
 from rolloutcli.cli_import import import_command
 from rolloutcli.cli_returns import EXAMPLE as RETURNS_EXAMPLE
 from rolloutcli.cli_returns import returns
+from rolloutcli.cli_signals import say, stopped
 from rolloutcli.errors import (
-    EXIT_HANGUP,
     EXIT_INTERRUPTED,
     EXIT_IO,
-    EXIT_TERMINATED,
     EXIT_USAGE,
     RolloutError,
     Signalled,
     forget_signal,
-    note_signal,
-    one_line,
     out_of_memory,
-    signal_code,
     stop_if_signalled,
 )
-from rolloutcli.hdf5.atomic import remove_live_temporaries
-from rolloutcli.render import stderr
 
 
 def _example(command: str) -> str:
@@ -249,50 +243,6 @@ app.command(epilog=_example(cli_plot.EXAMPLE))(cli_plot.plot)
 app.command(epilog=_example(RETURNS_EXAMPLE))(returns)
 
 
-_CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGHUP: EXIT_HANGUP, signal.SIGTERM: EXIT_TERMINATED}
-
-
-def _on_signal(signum: int, frame: Any) -> None:
-    """Note the signal, then raise its exception here, unless this is inside an import: an exception raised
-    there leaves half-imported modules that later code trips on (``module 'numpy' has no attribute 'matrix'``, a
-    traceback and exit 1). The noted signal is raised at the command's next stop point instead (its progress,
-    before it publishes, when it returns: ``stop_if_signalled``)."""
-    note_signal(_CODES[signal.Signals(signum)])
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return
-        frame = frame.f_back
-    stop_if_signalled()
-
-
-def _unraisable(hook: Any) -> Any:
-    """``sys.unraisablehook`` that keeps quiet about the signal's exception raised where Python cannot pass it on
-    (a weakref callback, a ``__del__``): the noted signal stops the command at its next stop point."""
-
-    def quiet(info: Any) -> None:
-        if not (signal_code() is not None and isinstance(info.exc_value, (KeyboardInterrupt, Signalled))):
-            hook(info)
-
-    return quiet
-
-
-def _say(message: str) -> None:
-    """One line on stderr; a terminal that went away (SIGHUP) must not turn it into a new failure."""
-    try:
-        stderr.print(one_line(message))
-    except (OSError, ValueError):
-        pass
-
-
-def _stopped(code: int) -> str:
-    what = {EXIT_INTERRUPTED: "interrupted", EXIT_HANGUP: "hangup", EXIT_TERMINATED: "terminated"}[code]
-    if RunState.published:
-        return f"{what}: the output {RunState.published} was already published and is complete."
-    if RunState.kept:
-        return f"{what}: nothing was published; the finished outputs are kept in {RunState.kept} (--resume continues)."
-    return f"{what}: no output was written (temporary files removed)."
-
-
 def _usage_line(error: Any) -> str:
     """A usage error from the option parser (click, vendored by typer) as one line like ours."""
     message = error.format_message().replace("Value error, ", "")
@@ -321,18 +271,18 @@ def _run(args: list[str]) -> int:
     except typer.Exit as done:
         return done.exit_code
     except (typer.Abort, KeyboardInterrupt):
-        _say(_stopped(EXIT_INTERRUPTED))
+        say(stopped(EXIT_INTERRUPTED))
         return EXIT_INTERRUPTED
     except Signalled as stop:
-        _say(_stopped(stop.code))
+        say(stopped(stop.code))
         return stop.code
     except MemoryError:
-        _say("error: out of memory; lower --max-memory.")
+        say("error: out of memory; lower --max-memory.")
         return EXIT_IO
     except ImportError as failed:  # a library that cannot be mapped under a low `ulimit -v`
         if not out_of_memory(failed):
             raise
-        _say("error: out of memory while loading a library; raise the memory limit (ulimit -v).")
+        say("error: out of memory while loading a library; raise the memory limit (ulimit -v).")
         return EXIT_IO
     except Exception as other:
         if not (hasattr(other, "format_message") and hasattr(other, "exit_code")):
@@ -340,16 +290,8 @@ def _run(args: list[str]) -> int:
         if type(other).__name__ == "NoArgsIsHelpError":  # plain `rolloutcli`: the help, on stderr
             sys.stderr.write(other.format_message() + "\n")
         else:
-            _say(_usage_line(other))
+            say(_usage_line(other))
         return EXIT_USAGE if other.exit_code == 2 else other.exit_code
-
-
-def _cleanup() -> None:
-    # A second Ctrl-C or signal must not interrupt the cleanup itself.
-    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    remove_live_temporaries()
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     if sys.stderr is None:  # started with 2>&-
         sys.stderr = open(os.devnull, "w")  # for the life of the process
     forget_signal()
-    previous = {sig: signal.signal(sig, _on_signal) for sig in _CODES}
-    previous_hook, sys.unraisablehook = sys.unraisablehook, _unraisable(sys.unraisablehook)
+    cli_signals.arm(own_process)
+    previous = {sig: signal.signal(sig, cli_signals.on_signal) for sig in cli_signals.CODES}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, cli_signals.quiet_unraisable(sys.unraisablehook)
     real_stdout = sys.stdout
     sys.stdout = GuardedStdout(real_stdout)
     try:
@@ -373,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     except RolloutError as error:
         if os.environ.get("ROLLOUTCLI_DEBUG"):
             traceback.print_exc()
-        _say(f"error: {error}")
+        say(f"error: {error}")
         code = error.exit_code
     except KeyboardInterrupt:  # a second Ctrl-C while the first was being reported
         code = EXIT_INTERRUPTED
@@ -381,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         code = stop.code
     finally:
         sys.stdout = real_stdout
-        _cleanup()
+        cli_signals.cleanup()
+        cli_signals.disarm()
         for sig, handler in previous.items():  # the process itself ends now: a late signal changes nothing
             signal.signal(sig, signal.SIG_IGN if own_process else handler)
         sys.unraisablehook = previous_hook

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import SAMPLE
 
-from rolloutcli import cli
+from rolloutcli import cli_signals
 from rolloutcli.errors import (
     EXIT_TERMINATED,
     Signalled,
@@ -43,8 +43,8 @@ def test_a_signal_inside_an_import_is_held_back_to_the_next_stop_point(tmp_path:
     returns there, and the command's next stop point raises it."""
     (tmp_path / "signalled_while_imported.py").write_text(
         "import signal, sys\n"
-        "from rolloutcli import cli\n"
-        "cli._on_signal(signal.SIGTERM, sys._getframe())\n"
+        "from rolloutcli import cli_signals\n"
+        "cli_signals.on_signal(signal.SIGTERM, sys._getframe())\n"
         "COMPLETE = True\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -55,7 +55,7 @@ def test_a_signal_inside_an_import_is_held_back_to_the_next_stop_point(tmp_path:
     assert stopped.value.code == EXIT_TERMINATED
     forget_signal()
     with pytest.raises(Signalled):  # outside an import it raises at once
-        cli._on_signal(signal.SIGTERM, sys._getframe())
+        cli_signals.on_signal(signal.SIGTERM, sys._getframe())
 
 
 def test_a_signal_whose_exception_was_lost_publishes_nothing(tmp_path: Path, cli, monkeypatch) -> None:
@@ -125,7 +125,7 @@ def test_the_signals_lost_exception_is_not_reported_as_unraisable() -> None:
     from types import SimpleNamespace
 
     seen = []
-    hook = cli._unraisable(seen.append)
+    hook = cli_signals.quiet_unraisable(seen.append)
     hook(SimpleNamespace(exc_value=ValueError("other")))
     note_signal(EXIT_TERMINATED)
     hook(SimpleNamespace(exc_value=Signalled(EXIT_TERMINATED)))
@@ -205,3 +205,83 @@ def test_the_signal_is_forgotten_when_the_command_returns(tmp_path: Path, cli, m
     with atomic_file(tmp_path / "later.bin") as tmp:
         tmp.write_bytes(b"published")
     assert (tmp_path / "later.bin").read_bytes() == b"published"
+
+
+STUCK = """
+import os, signal, sys, time
+import rolloutcli.pipeline.gae as gae_pipeline
+from rolloutcli import cli, cli_signals
+
+cli_signals.STOP_GRACE_S = 1.0
+
+def stuck(*args, **kwargs):  # a library that swallows every exception, and never returns
+    signalled = False
+    while True:
+        try:
+            if not signalled:
+                signalled = True
+                os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        except BaseException:
+            pass
+
+gae_pipeline.gae_arrays = stuck
+sys.argv = ["rolloutcli", "gae", sys.argv[1], "-o", sys.argv[2]]
+cli.main()
+"""
+
+
+def test_a_command_that_does_not_stop_after_its_signal_is_ended(tmp_path: Path) -> None:
+    """A command stuck after its signal (a library swallowing the exception, a lock a dead worker held) is ended
+    by the watchdog ``STOP_GRACE_S`` later: its temporaries removed, the one line, the signal's exit code."""
+    import subprocess
+
+    from promises import child_env
+
+    out = tmp_path / "out" / "gae.h5"
+    out.parent.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-c", STUCK, str(SAMPLE), str(out)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,  # for ever before
+    )
+    assert (run.returncode, run.stderr) == (
+        EXIT_TERMINATED,
+        "terminated: no output was written (temporary files removed).\n",
+    )
+    assert os.listdir(out.parent) == []
+
+
+def test_a_signal_to_the_command_alone_stops_its_workers(tmp_path: Path) -> None:
+    """``kill PID`` or ``timeout`` signal the command, not its pool: the workers' running units (paused here for
+    300 s) went on to their end before the command could stop. The signal is passed on to them."""
+    import subprocess
+
+    from rollout_factory import rollout_arrays, write_rollout
+    from test_engine_stops import _kill_group, _paused_job
+
+    from rolloutcli.hdf5.atomic import TEMP_MARKER
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for i in range(4):
+        write_rollout(runs / f"r{i}.h5", rollout_arrays(T=64, N=8, seed=i))
+    process = _paused_job(["gae", str(runs), "-o", str(tmp_path / "out"), "--workers", "2"], pause=300)
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        assert line.startswith("rolloutcli: test pause after block 1"), line
+        process.send_signal(signal.SIGTERM)  # to the command only
+        process.wait(timeout=100)  # 300 s before
+        rest = [text for text in process.stderr.read().splitlines() if not text.startswith("rolloutcli: test pause")]
+    except subprocess.TimeoutExpired:
+        pytest.fail("the command waited for its workers' units")
+    finally:
+        _kill_group(process.pid)
+    assert (process.returncode, rest) == (
+        EXIT_TERMINATED,
+        ["terminated: no output was written (temporary files removed)."],
+    )
+    assert not [p for p in tmp_path.rglob("*") if TEMP_MARKER in p.name]

@@ -222,6 +222,35 @@ def _shut(pool: ProcessPoolExecutor) -> None:
         manager.join()  # returns now: every worker it joins has ended
 
 
+def _live_workers() -> list[Any]:
+    processes: list[Any] = []
+    for pool in list(_POOLS.values()):
+        with contextlib.suppress(RuntimeError):  # the pool's manager thread may change its table meanwhile
+            processes += list((pool._processes or {}).values())
+    return [process for process in processes if process.exitcode is None]
+
+
+def signal_workers(signum: int) -> None:
+    """Pass the command's signal on to the local pools' workers (the command's signal handler calls it): they
+    remove what they are writing and end, so the run stops now, not when their units would have ended."""
+    for process in _live_workers():
+        with contextlib.suppress(OSError):
+            os.kill(process.pid, signum)
+
+
+def kill_workers() -> None:
+    """End every worker of the local pools: SIGTERM (each removes its temporary), then SIGKILL after a moment."""
+    workers = _live_workers()
+    for process in workers:
+        with contextlib.suppress(OSError):
+            os.kill(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 1.0
+    for process in workers:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.exitcode is None:
+            process.kill()
+
+
 def unit_modules(units: Sequence[Unit]) -> list[str]:
     """The modules of the units' functions and of the functions they take as arguments (a wrapped unit)."""
     functions = [f for fn, args in units for f in (fn, *args) if callable(f) and hasattr(f, "__module__")]
