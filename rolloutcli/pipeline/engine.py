@@ -209,25 +209,32 @@ def close_pools() -> None:
 
 
 def _shut(pool: ProcessPoolExecutor) -> None:
-    processes = list((pool._processes or {}).values())  # the pool drops them in shutdown
+    processes = _workers(pool)  # the pool drops them in shutdown
     manager = pool._executor_manager_thread
     pool.shutdown(wait=False, cancel_futures=True)
-    deadline = time.monotonic() + CLOSE_GRACE_S
+    _end(processes, CLOSE_GRACE_S)
+    if manager is not None:
+        manager.join()  # returns now: every worker it joins has ended
+
+
+def _workers(pool: ProcessPoolExecutor) -> list[Any]:
+    with contextlib.suppress(RuntimeError):  # the pool's manager thread may change its table meanwhile
+        return list((pool._processes or {}).values())
+    return []
+
+
+def _end(processes: list[Any], grace: float) -> None:
+    """Wait up to ``grace`` seconds in all for ``processes`` to end; kill those that have not."""
+    deadline = time.monotonic() + grace
     for process in processes:
         process.join(max(0.0, deadline - time.monotonic()))
         if process.exitcode is None:
             process.kill()
             process.join()
-    if manager is not None:
-        manager.join()  # returns now: every worker it joins has ended
 
 
 def _live_workers() -> list[Any]:
-    processes: list[Any] = []
-    for pool in list(_POOLS.values()):
-        with contextlib.suppress(RuntimeError):  # the pool's manager thread may change its table meanwhile
-            processes += list((pool._processes or {}).values())
-    return [process for process in processes if process.exitcode is None]
+    return [process for pool in list(_POOLS.values()) for process in _workers(pool) if process.exitcode is None]
 
 
 def signal_workers(signum: int) -> None:
@@ -241,14 +248,8 @@ def signal_workers(signum: int) -> None:
 def kill_workers() -> None:
     """End every worker of the local pools: SIGTERM (each removes its temporary), then SIGKILL after a moment."""
     workers = _live_workers()
-    for process in workers:
-        with contextlib.suppress(OSError):
-            os.kill(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 1.0
-    for process in workers:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.exitcode is None:
-            process.kill()
+    signal_workers(signal.SIGTERM)
+    _end(workers, 1.0)
 
 
 def unit_modules(units: Sequence[Unit]) -> list[str]:
