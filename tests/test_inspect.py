@@ -91,6 +91,15 @@ def test_warnings(tmp_path: Path, cli) -> None:
     assert "split would pad the per-step data" in text and "--pad-to longest" in text
 
 
+def test_gae_traces_without_advantages_warn(tmp_path: Path, cli) -> None:
+    """gae's attributes without ``advantages`` warn; ``timeouts_bootstrapped`` alone (a recorder's flag) does not."""
+    warning = "'advantages' and the gae attributes disagree (one without the other)"
+    for attrs, warns in (({"timeouts_bootstrapped": True}, False), ({"gae_gamma": 0.99}, True)):
+        path = write_rollout(tmp_path / f"{warns}.h5", rollout_arrays(T=8, N=2), attrs)
+        report = json.loads(cli("inspect", path, "--json")[1])
+        assert any(warning in line for line in report["warnings"]) == warns, report["warnings"]
+
+
 def test_help_does_not_import_torch() -> None:
     code = (
         "import sys, time; t = time.perf_counter(); from rolloutcli.cli import main; "

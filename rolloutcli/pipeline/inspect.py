@@ -198,7 +198,8 @@ def _warnings(reader: RolloutReader, blowup: float, gae: dict[str, Any]) -> list
             f"{path}: split would pad the per-step data {blowup:.1f}x (RSL-RL pads every trajectory to "
             "T); use split --pad-to longest or --max-length K."
         )
-    if ("advantages" in schema.fields) != bool(gae):
+    # timeouts_bootstrapped alone is no trace of gae: recorders write it (format 1.1: rewards holding the bootstrap)
+    if ("advantages" in schema.fields) != bool(set(gae) - {"timeouts_bootstrapped"}):
         found.append(
             f"{path}: 'advantages' and the gae attributes disagree (one without the other); "
             "re-run gae to be sure how they were computed."
