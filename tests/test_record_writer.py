@@ -58,6 +58,8 @@ def test_round_trip_and_gae(tmp_path: Path, cli, monkeypatch, block_bytes: int) 
     attrs = recorded["__attrs__"]
     assert attrs["recorder"] == "rolloutcli.record.RolloutWriter" and attrs["gamma"] == 0.99
     assert not attrs["timeouts_bootstrapped"] and not attrs["recorded_from_reset"] and "numpy" in attrs["versions"]
+    code, out, err = cli("inspect", tmp_path / "rec.h5", "--strict")  # a recording as written: nothing to warn
+    assert code == 0 and "warning" not in out + err, out + err
     write_rollout(tmp_path / "ref.h5", arrays)
     for source in ("rec", "ref"):
         assert cli("gae", tmp_path / f"{source}.h5", "-o", tmp_path / f"{source}_gae.h5", "-q")[0] == 0
@@ -150,6 +152,13 @@ def test_limits_and_close(tmp_path: Path) -> None:
     assert "last_values" not in _read(path)
     with pytest.raises(RolloutError, match=r"step 1: field 'step': expected add\(\) before close\(\), found add"):
         writer.add(_valid())
+    with pytest.raises(RolloutError) as refused:  # an existing file is kept; the fix is named as Python spells it
+        RolloutWriter(path, num_envs=2)
+    assert (
+        str(refused.value)
+        == f"{path}: output already exists; refusing to overwrite it. Pass overwrite=True to replace it."
+    )
+    assert refused.value.exit_code == 2 and "last_values" not in _read(path)
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rolloutcli.errors import RolloutError
+from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.append import AppendFile
 from rolloutcli.hdf5.writer import to_numpy
 
@@ -114,6 +115,11 @@ class RolloutWriter:
             "timeouts_bootstrapped": False,
             **(attrs or {}),
         }
+        if not overwrite and os.path.lexists(self.path):  # the fix in Python's words, not the CLI's --overwrite
+            raise RolloutError(
+                f"{self.path}: output already exists; refusing to overwrite it. Pass overwrite=True to replace it.",
+                exit_code=EXIT_USAGE,
+            )
         self._file = AppendFile(self.path, compression=compression, overwrite=overwrite)
         self._guard(lambda: self._file.set_attrs(root))
 
