@@ -9,7 +9,9 @@ from conftest import REPO
 from doc_blocks import blocks, run_blocks
 
 PAGES = sorted((REPO / "docs").glob("*.md"))
-WRITES = {"recording.md": ["my_rollout.h5", "rsl_rollouts/rollout_000000.h5", "sb3_gae.h5", "torchrl_gae.h5"]}
+WRITES = {
+    "recording.md": ["my_rollout.h5", "rsl_rollouts/rollout_000000.h5", "sb3_gae.h5", "torchrl_gae.h5", "gym_gae.h5"]
+}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
