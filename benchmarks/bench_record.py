@@ -1,12 +1,15 @@
 """Recording costs, as ratios against references measured in the same run.
 
-1. The RSL-RL hook: an ``OnPolicyRunner`` iteration (N=64 envs, T=24 steps, CPU) with and without
-   ``rolloutcli.record.rsl_rl.attach``, interleaved runs of several iterations each, minimum of several (issue
-   13's ceiling: +5%); the one-off wait for the last file at the end of ``learn()`` is reported apart.
+1. The RSL-RL hook: an ``OnPolicyRunner`` iteration (N=64 envs, T=24 steps, CPU, one torch thread unless
+   ``--threads``) with and without ``rolloutcli.record.rsl_rl.attach``, interleaved runs of several iterations
+   each, minimum of several (issue 13's ceiling: +5%); the one-off wait for the last file at the end of
+   ``learn()`` is reported apart. Two runners: RSL-RL's defaults (PPO's 5 epochs of 4 mini-batches, actor and
+   critic MLPs of 256-256-256) on a legged robot's sizes (48 observations, 12 actions), what an RSL-RL iteration
+   is; and the tests' tiny one (3 observations, 16 hidden units, 1 epoch), where the fixed cost per file shows.
 2. ``RolloutWriter`` adding ``[N, 48]`` float32 observations step by step vs h5py writing the same ``[T, N, 48]``
    array sequentially to a new file (issue 13's floor: half of h5py's speed).
 
-    python benchmarks/bench_record.py [--quick]
+    python benchmarks/bench_record.py [--quick] [--hook-only] [--network default|tiny|both] [--threads N]
 """
 
 from __future__ import annotations
@@ -25,17 +28,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
-def _runner(num_envs: int, steps: int):
-    import test_record_rsl_rl as fake  # the tiny VecEnv and config of the tests
+NETWORKS = {  # observations, actions, hidden units (None: RSL-RL's default), PPO's settings (None: its defaults)
+    "default": (48, 12, None, None),
+    "tiny": (3, 2, [16], {"num_learning_epochs": 1, "num_mini_batches": 2}),
+}
+
+
+def _runner(num_envs: int, steps: int, network: str):
+    import test_record_rsl_rl as fake  # the VecEnv of the tests (its sizes are module globals)
     from rsl_rl.runners import OnPolicyRunner
 
-    fake.N, fake.T = num_envs, steps
+    obs, actions, hidden, ppo = NETWORKS[network]
+    fake.N, fake.T, fake.OBS, fake.ACT = num_envs, steps, obs, actions
     config = fake._config(rnn=False)
-    config["algorithm"]["num_learning_epochs"] = 1
+    config["algorithm"] = {"class_name": "PPO", **(ppo or {})}  # gamma, lam and the rest: RSL-RL's defaults
+    for net in ("actor", "critic"):
+        if hidden is None:
+            del config[net]["hidden_dims"]
+        else:
+            config[net]["hidden_dims"] = hidden
     return OnPolicyRunner(fake.FakeEnv(), config, log_dir=None, device="cpu")
 
 
-def bench_hook(rounds: int, iterations: int, folder: Path) -> float:
+def bench_hook(network: str, rounds: int, iterations: int, folder: Path) -> float:
     """Each timed run is ``iterations`` iterations of ``OnPolicyRunner.learn``'s loop, on one runner with the
     hook attached and detached in turn (two runners differ by a few percent by themselves: their networks sit at
     other addresses), the order rotated every round. The hooked run's files are written by the writing process
@@ -47,8 +62,8 @@ def bench_hook(rounds: int, iterations: int, folder: Path) -> float:
 
     from rolloutcli.record.rsl_rl import attach
 
-    runner = _runner(64, 24)
-    recorder = attach(runner, folder / "hook")
+    runner = _runner(64, 24, network)
+    recorder = attach(runner, folder / network)
     runner.learn(1)  # warm-up (starts the writing process)
     recorder.detach()
     runner.learn(1)
@@ -58,7 +73,7 @@ def bench_hook(rounds: int, iterations: int, folder: Path) -> float:
     names = list(times)
     for r in range(rounds):
         for name in names[r % 3 :] + names[: r % 3]:  # each variant takes each place in turn
-            recorder = attach(runner, folder / "hook") if name == "hooked" else None
+            recorder = attach(runner, folder / network) if name == "hooked" else None
             start, start_cpu = time.perf_counter(), time.thread_time()
             OnPolicyRunner.learn(runner, iterations)  # the loop, without the hook's wait at the end
             times[name].append((time.perf_counter() - start) / iterations)
@@ -70,7 +85,8 @@ def bench_hook(rounds: int, iterations: int, folder: Path) -> float:
     best = {k: min(v) for k, v in times.items()}
     ratio = best["hooked"] / best["plain"]
     print(
-        f"RSL-RL iteration N=64 T=24 (runs of {iterations} iterations): plain {best['plain'] * 1e3:.1f} ms, "
+        f"RSL-RL iteration N=64 T=24, {network} network (runs of {iterations} iterations): "
+        f"plain {best['plain'] * 1e3:.1f} ms, "
         f"hooked {best['hooked'] * 1e3:.1f} ms, overhead {100 * (ratio - 1):+.1f}% (ceiling +5%); the same plain "
         f"loop timed again (A/A control: what this host's noise alone gives) "
         f"{100 * (best['control'] / best['plain'] - 1):+.1f}%; waiting for the last file at the end of learn(): "
@@ -176,13 +192,18 @@ def bench_writer(steps: int, envs: int, rounds: int, folder: Path) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: few rounds, small arrays")
-    parser.add_argument("--rounds", type=int, default=60, help="interleaved runs of each hook variant")
+    parser.add_argument("--rounds", type=int, default=60, help="interleaved runs of each hook variant (tiny network)")
+    parser.add_argument("--network", choices=["default", "tiny", "both"], default="both", help="the hook's runner")
+    parser.add_argument("--threads", type=int, default=1, help="torch's threads (the writing process shares the CPUs)")
     parser.add_argument("--hook-only", action="store_true", help="skip the writer benchmark")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
         folder = Path(tmp)
-        bench_hook(3 if args.quick else args.rounds, 2 if args.quick else 8, folder)
+        if args.network in ("default", "both"):  # iterations of about half a second: fewer, shorter runs
+            bench_hook("default", 2 if args.quick else max(3, args.rounds // 4), 1 if args.quick else 2, folder)
+        if args.network in ("tiny", "both"):
+            bench_hook("tiny", 3 if args.quick else args.rounds, 2 if args.quick else 8, folder)
         if not args.hook_only:
             bench_handover(256 if args.quick else 4096, 2 if args.quick else 5, folder)
             bench_writer(24 if args.quick else 1000, 64 if args.quick else 1024, 2 if args.quick else 5, folder)
