@@ -159,6 +159,8 @@ def test_limits_and_close(tmp_path: Path) -> None:
         == f"{path}: output already exists; refusing to overwrite it. Pass overwrite=True to replace it."
     )
     assert refused.value.exit_code == 2 and "last_values" not in _read(path)
+    with pytest.raises(RolloutError, match="output is a folder, expected a file path"):
+        RolloutWriter(tmp_path, num_envs=2)
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])

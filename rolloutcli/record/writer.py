@@ -115,7 +115,8 @@ class RolloutWriter:
             "timeouts_bootstrapped": False,
             **(attrs or {}),
         }
-        if not overwrite and os.path.lexists(self.path):  # the fix in Python's words, not the CLI's --overwrite
+        folder = os.path.isdir(self.path) and not os.path.islink(self.path)  # AppendFile names that problem
+        if not overwrite and os.path.lexists(self.path) and not folder:  # the fix as Python spells it, not --overwrite
             raise RolloutError(
                 f"{self.path}: output already exists; refusing to overwrite it. Pass overwrite=True to replace it.",
                 exit_code=EXIT_USAGE,
