@@ -64,6 +64,18 @@ def test_publish_writes_what_was_handed_and_removes_its_slots(tmp_path: Path) ->
         np.testing.assert_array_equal(handle["last_values"][()], job["close"]["last_values"].numpy())
 
 
+def test_a_relative_path_is_the_callers_after_a_chdir(tmp_path: Path, monkeypatch) -> None:
+    """The writing process starts in one folder; a later publish of a relative path writes where the caller is."""
+    publisher = worker._Publisher()
+    (tmp_path / "first").mkdir()
+    publisher.submit(_job(tmp_path / "first" / "a.h5")).result(timeout=60)  # the child runs from here on
+    monkeypatch.chdir(tmp_path / "first")
+    (tmp_path / "first" / "rel").mkdir()
+    assert publisher.submit(_job(Path("rel/b.h5"))).result(timeout=60) == Path("rel/b.h5")
+    assert (tmp_path / "first" / "rel" / "b.h5").is_file()
+    publisher.close()
+
+
 def test_full_shared_memory_falls_back_then_fails_cleanly(tmp_path: Path, monkeypatch) -> None:
     real = os.posix_fallocate
     full = {"/dev/shm"}

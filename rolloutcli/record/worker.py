@@ -276,7 +276,9 @@ class _Publisher:
             if self.child is None or not self.child.alive:
                 self.child = _Child()
             self.count += 1
-            future = self.child.hand(self.count, Path(job["writer"]["path"]), slot.fd, (slot.size, skeleton))
+            # the caller's folder now: a relative path means what it means here (the child started elsewhere)
+            message = (slot.size, skeleton, _cwd())
+            future = self.child.hand(self.count, Path(job["writer"]["path"]), slot.fd, message)
             slot.future = future
             self.held.append(future)
             return future
@@ -315,10 +317,20 @@ def publish(job: dict[str, Any]) -> Future[Path]:
     return _publisher().submit(job)
 
 
-def _write_slot(fd: int, size: int, skeleton: dict[str, Any]) -> tuple[str, int] | None:
-    """The child's work for one message: the recording the slot ``fd`` holds, written; None or the error."""
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the folder was removed: only absolute paths can be written
+        return None
+
+
+def _write_slot(fd: int, size: int, skeleton: dict[str, Any], cwd: str | None) -> tuple[str, int] | None:
+    """The child's work for one message: the recording the slot ``fd`` holds, written from the training process's
+    folder ``cwd``; None or the error."""
     buffer = None
     try:
+        if cwd is not None:
+            os.chdir(cwd)
         buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         write_recording(_views(skeleton, buffer))
         return None
@@ -369,19 +381,19 @@ def _serve(slots: socket.socket) -> int:
     requests = os.fdopen(0, "rb")
     while True:
         try:
-            ident, (size, skeleton) = _receive(requests)
+            ident, (size, skeleton, cwd) = _receive(requests)
         except EOFError:
             return 0
         fd = socket.recv_fds(slots, 1, 1)[1][0]
         try:
-            stop.work(_reply, replies, ident, fd, size, skeleton)
+            stop.work(_reply, replies, ident, fd, size, skeleton, cwd)
         except BrokenPipeError:  # the training process is gone (killed): the file is published, nobody to tell
             return 0
         stop.check()
 
 
-def _reply(replies: IO[bytes], ident: int, fd: int, size: int, skeleton: dict[str, Any]) -> None:
-    _send(replies, _frame((ident, _write_slot(fd, size, skeleton))))
+def _reply(replies: IO[bytes], ident: int, fd: int, size: int, skeleton: dict[str, Any], cwd: str | None) -> None:
+    _send(replies, _frame((ident, _write_slot(fd, size, skeleton, cwd))))
 
 
 if __name__ == "__main__":  # the module's own copy serves, so that the messages' _Ref is the one it checks for
