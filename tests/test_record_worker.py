@@ -52,6 +52,10 @@ def test_publish_writes_what_was_handed_and_removes_its_slots(tmp_path: Path) ->
     futures = [publisher.submit({**job, "writer": {**job["writer"], "path": tmp_path / f"{i}.h5"}}) for i in range(3)]
     assert [f.result(timeout=60) for f in futures] == [tmp_path / f"{i}.h5" for i in range(3)]
     assert len(publisher.slots) == 2  # at most _IN_FLIGHT, reused
+    if hasattr(os, "SCHED_IDLE"):  # the writing process and its I/O thread run only where the training leaves a CPU
+        tasks = Path(f"/proc/{publisher.child.process.pid}/task")
+        policies = {os.sched_getscheduler(int(task.name)) for task in tasks.iterdir()}
+        assert policies == {os.SCHED_IDLE} and len(list(tasks.iterdir())) > 1
     publisher.close()
     assert _slots() == before
     steps = job["steps"]

@@ -10,9 +10,10 @@ atomically. Creating a file's datasets and attributes is libhdf5 work done under
 training process it would stall the training loop for as long, and pickling the arrays through the pipe cost the
 loop more than copying them (benchmarks/README.md, issue 13). Recordings are written in the order handed over;
 at most ``_IN_FLIGHT`` are held at once, one slot each (memory stays bounded: :func:`publish` waits for the
-oldest). The child ignores Ctrl-C (what it was handed is finished) and ends when this process closes the pipe
-(at exit, after the files handed over are published); on SIGTERM it finishes the file it is writing and ends. A
-failure comes back as the future's exception: a ``RolloutError`` naming the file.
+oldest). The child runs only on CPUs the training leaves idle (``SCHED_IDLE`` on Linux). It ignores Ctrl-C
+(what it was handed is finished) and ends when this process closes the pipe (at exit, after the files handed
+over are published); on SIGTERM it finishes the file it is writing and ends. A failure comes back as the
+future's exception: a ``RolloutError`` naming the file.
 """
 
 from __future__ import annotations
@@ -371,10 +372,22 @@ class _Stop:
             raise SystemExit(128 + signal.SIGTERM)
 
 
+def _yield_to_training() -> None:
+    """Run (this thread and those it starts) only where the training leaves a CPU idle (Linux's SCHED_IDLE):
+    woken beside torch's threads, the writer would hold one of them up at every parallel region. It cannot
+    starve the training: once the loop waits on the two-recording bound its CPU is idle (benchmarks/README.md).
+    Every thread already started (numpy's BLAS pool) too; not Linux: normal priority."""
+    tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
+    for task in tasks:
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(int(task), os.SCHED_IDLE, os.sched_param(0))
+
+
 def _serve(slots: socket.socket) -> int:
     """The child: write each recording received on stdin from the slot descriptor received on ``slots`` just
     before it; reply ``(ident, None | (message, exit code))``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the training loop: finish what was handed over
+    _yield_to_training()
     stop = _Stop()
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
