@@ -374,9 +374,10 @@ class _Stop:
 
 def _yield_to_training() -> None:
     """Run (this thread and those it starts) only where the training leaves a CPU idle (Linux's SCHED_IDLE):
-    woken beside torch's threads, the writer would hold one of them up at every parallel region. It cannot
-    starve the training: once the loop waits on the two-recording bound its CPU is idle (benchmarks/README.md).
-    Every thread already started (numpy's BLAS pool) too; not Linux: normal priority."""
+    woken beside torch's threads, the writer would hold one of them up at every parallel region. Held back (other
+    processes keeping every CPU busy), it makes the loop wait on the two-recording bound, and the waiting loop's
+    CPU then runs it: no worse than writing in the loop (benchmarks/README.md). Every thread already started
+    (numpy's BLAS pool) too; not Linux: normal priority."""
     tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
     for task in tasks:
         with contextlib.suppress(AttributeError, OSError):
