@@ -161,6 +161,13 @@ def test_limits_and_close(tmp_path: Path) -> None:
     assert refused.value.exit_code == 2 and "last_values" not in _read(path)
     with pytest.raises(RolloutError, match="output is a folder, expected a file path"):
         RolloutWriter(tmp_path, num_envs=2)
+    appeared = tmp_path / "appeared.h5"
+    writer = RolloutWriter(appeared, num_envs=2)
+    writer.add(_valid())
+    appeared.write_bytes(b"theirs")  # another program's file, made while recording: kept
+    with pytest.raises(RolloutError, match=r"output appeared while the command ran; .* Pass overwrite=True to"):
+        writer.close(last_values=np.zeros(2, np.float32))
+    assert appeared.read_bytes() == b"theirs"
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])

@@ -37,7 +37,8 @@ class AppendFile:
         self.dst, self.compression = Path(dst), compression
         stack = contextlib.ExitStack()
         try:
-            tmp = stack.enter_context(atomic_file(self.dst, overwrite=overwrite))
+            # a library call (RolloutWriter): its user replaces a file with overwrite=True, not the CLI's option
+            tmp = stack.enter_context(atomic_file(self.dst, overwrite=overwrite, overwrite_option="overwrite=True"))
             self.out = stack.enter_context(RolloutOutput(tmp, self.dst, early_sync=True))
         except BaseException:
             _abort(stack)

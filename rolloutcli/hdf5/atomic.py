@@ -77,8 +77,10 @@ def check_output_path(
     kind: str = "file",
     replace_input: bool = False,
     owned: Callable[[Path], bool] | None = None,
+    overwrite_option: str = "--overwrite",
 ) -> None:
-    """Refuse unsafe destinations before anything is opened for writing.
+    """Refuse unsafe destinations before anything is opened for writing (``overwrite_option``: how the caller's
+    user asks to replace an output, named in the message).
 
     Refuses (exit 4) an output that is one of the inputs (same path, symlink or hard link) unless
     ``replace_input`` (an in-place update, which still goes through a temporary file); refuses (exit 2)
@@ -99,7 +101,7 @@ def check_output_path(
         )
     if os.path.lexists(dst) and not overwrite:
         raise RolloutError(
-            f"{dst}: output already exists; refusing to overwrite it. Pass --overwrite to replace it.",
+            f"{dst}: output already exists; refusing to overwrite it. Pass {overwrite_option} to replace it.",
             exit_code=EXIT_USAGE,
         )
     if kind == "folder" and os.path.lexists(dst):
@@ -156,12 +158,12 @@ def _mode_for(inputs: Sequence[Path]) -> int:
     return mode
 
 
-def _publish_error(dst: Path, exc: OSError) -> RolloutError:
+def _publish_error(dst: Path, exc: OSError, overwrite_option: str = "--overwrite") -> RolloutError:
     """A failed chmod / fsync / rename of a finished output (disk full at fsync, EIO, folder removed)."""
     if isinstance(exc, FileExistsError):
         return RolloutError(
             f"{dst}: output appeared while the command ran; refusing to overwrite it, nothing was written. "
-            "Pass --overwrite to replace it.",
+            f"Pass {overwrite_option} to replace it.",
             exit_code=EXIT_USAGE,
         )
     return RolloutError(
@@ -205,7 +207,12 @@ def _temporary(shown: Path, parent: Path, kind: str) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_file(
-    dst: Path, *, inputs: Sequence[Path] = (), overwrite: bool = False, replace_input: bool = False
+    dst: Path,
+    *,
+    inputs: Sequence[Path] = (),
+    overwrite: bool = False,
+    replace_input: bool = False,
+    overwrite_option: str = "--overwrite",
 ) -> Iterator[Path]:
     """Yield a temporary path beside ``dst``; on success fsync it and rename it onto ``dst``.
 
@@ -216,7 +223,13 @@ def atomic_file(
     """
     dst = Path(dst)
     inputs = [Path(p) for p in inputs]
-    check_output_path(dst, inputs, overwrite=overwrite or replace_input, replace_input=replace_input)
+    check_output_path(
+        dst,
+        inputs,
+        overwrite=overwrite or replace_input,
+        replace_input=replace_input,
+        overwrite_option=overwrite_option,
+    )
     parent = _parent(dst)
     with _temporary(dst, parent, "file") as tmp:
         yield tmp
@@ -233,7 +246,7 @@ def atomic_file(
             else:
                 rename_noreplace(tmp, Path(os.path.abspath(dst)))
         except OSError as exc:
-            raise _publish_error(dst, exc) from exc
+            raise _publish_error(dst, exc, overwrite_option) from exc
     _fsync_dir(parent)
 
 

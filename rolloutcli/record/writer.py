@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from rolloutcli.errors import EXIT_USAGE, RolloutError
+from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5.append import AppendFile
 from rolloutcli.hdf5.writer import to_numpy
 
@@ -115,12 +114,6 @@ class RolloutWriter:
             "timeouts_bootstrapped": False,
             **(attrs or {}),
         }
-        folder = os.path.isdir(self.path) and not os.path.islink(self.path)  # AppendFile names that problem
-        if not overwrite and os.path.lexists(self.path) and not folder:  # the fix as Python spells it, not --overwrite
-            raise RolloutError(
-                f"{self.path}: output already exists; refusing to overwrite it. Pass overwrite=True to replace it.",
-                exit_code=EXIT_USAGE,
-            )
         self._file = AppendFile(self.path, compression=compression, overwrite=overwrite)
         self._guard(lambda: self._file.set_attrs(root))
 
