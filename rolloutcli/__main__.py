@@ -57,7 +57,7 @@ def run() -> None:
             from rolloutcli.pipeline.preload import start_early
 
             start_early(sys.argv[1:])
-        from rolloutcli.cli import main
+        from rolloutcli.cli.app import main
 
         main()  # ends the process itself; a Ctrl-C before its handlers are in place lands below
     except KeyboardInterrupt:

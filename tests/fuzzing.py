@@ -90,7 +90,7 @@ def check_run(job: dict[str, Any], code: int, out: str, err: str, before: str | 
 
 
 def _run_job(job: dict[str, Any]) -> dict[str, Any]:
-    from rolloutcli.cli import main
+    from rolloutcli.cli.app import main
 
     src = Path(job["src"])
     before = _digest(src)

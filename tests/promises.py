@@ -30,7 +30,7 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 # Temporary outputs are named ``.<name>.rolloutcli-tmp-<random>`` (``-old-<random>`` for a folder moved aside).
 TEMP_PATTERN = re.compile(r"^\..+\.rolloutcli-tmp-[A-Za-z0-9_-]+$")
-# The test hook of rolloutcli/cli.py: sleep this long after the first block, after printing PAUSE_MARKER.
+# The test hook of rolloutcli/pipeline/progress.py: sleep this long after the first block, after printing PAUSE_MARKER.
 PAUSE_ENV = "ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK"
 PAUSE_MARKER = "rolloutcli: test pause after block 1"
 
@@ -201,7 +201,7 @@ def is_root() -> bool:
 
 def run_in_process(argv: Sequence[str]) -> tuple[int, str, str]:
     """``rolloutcli.cli.main(argv)`` with stdout and stderr captured (for use outside pytest's capsys)."""
-    from rolloutcli.cli import main
+    from rolloutcli.cli.app import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

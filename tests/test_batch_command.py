@@ -277,7 +277,7 @@ def test_disk_full_exits_cleanly_without_a_folder(sources, tmp_path) -> None:
         "import resource, signal, sys\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (9000, 9000))\n"
-        "from rolloutcli.cli import main\n"
+        "from rolloutcli.cli.app import main\n"
         f"sys.exit(main(['batch', {str(src)!r}, '-o', {str(tmp_path / 'out')!r}, '-m', '2', '-q']))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -53,7 +53,7 @@ def _peak(*command: str) -> tuple[int, int, str]:
 
 
 def test_long_envs_stream_along_t_within_the_budget(long_env: Path, tmp_path: Path) -> None:
-    _, baseline, _ = _peak(sys.executable, "-c", "import rolloutcli.cli, rolloutcli.pipeline.batch")
+    _, baseline, _ = _peak(sys.executable, "-c", "import rolloutcli.cli.app, rolloutcli.pipeline.batch")
     out = tmp_path / "shards"
     command = [sys.executable, "-m", "rolloutcli", "batch", str(long_env), "-o", str(out), "-m", "64"]
     code, peak, err = _peak(*command, "--max-memory", "32M", "-q", "--json")

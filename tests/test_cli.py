@@ -140,7 +140,7 @@ def test_json_has_no_nan(tmp_path: Path, cli) -> None:
 def test_time_is_the_whole_command_and_no_rate_for_small_outputs(tmp_path: Path, cli, monkeypatch) -> None:
     import types
 
-    import rolloutcli.cli_common as cli_common
+    import rolloutcli.cli.common as cli_common
     import rolloutcli.pipeline.batch as batch_pipeline
 
     gae_out = tmp_path / "g.h5"
@@ -232,7 +232,7 @@ def test_ctrl_c_during_start_up(tmp_path: Path) -> None:
         "import builtins, sys\n"
         "real = builtins.__import__\n"
         "def interrupted(name, *args, **kwargs):\n"
-        "    if name == 'rolloutcli.cli':\n"
+        "    if name == 'rolloutcli.cli.app':\n"
         "        raise KeyboardInterrupt\n"
         "    return real(name, *args, **kwargs)\n"
         "builtins.__import__ = interrupted\n"
@@ -263,7 +263,7 @@ def test_swallowed_ctrl_c_still_exits_130(tmp_path: Path, cli, monkeypatch) -> N
 
 
 def test_no_import_cycle_between_cli_modules() -> None:
-    code = "import sys, rolloutcli.cli_batch; assert 'rolloutcli.cli' not in sys.modules"
+    code = "import sys, rolloutcli.cli.batch; assert 'rolloutcli.cli.app' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env=child_env())
     with h5py.File(SAMPLE, "r"):  # the sample is a plain readable file (the tests above rely on it)
         pass

@@ -116,7 +116,7 @@ def test_without_the_c_kernel_the_command_writes_the_same_bytes(
 def test_gae_command_does_not_import_torch(tmp_path: Path) -> None:
     source = write_rollout(tmp_path / "in.h5", rollout_arrays(T=20, N=4, end_rate=0.2))
     code = (
-        "import sys; from rolloutcli.cli import main; "
+        "import sys; from rolloutcli.cli.app import main; "
         f"rc = main(['gae', {str(source)!r}, '-o', {str(tmp_path / 'out.h5')!r}, '-q']); "
         "assert rc == 0, rc; "
         "assert 'torch' not in sys.modules, 'torch was imported'"

@@ -102,7 +102,7 @@ def test_gae_traces_without_advantages_warn(tmp_path: Path, cli) -> None:
 
 def test_help_does_not_import_torch() -> None:
     code = (
-        "import sys, time; t = time.perf_counter(); from rolloutcli.cli import main; "
+        "import sys, time; t = time.perf_counter(); from rolloutcli.cli.app import main; "
         "rc = main(['--help']); assert rc == 0, rc; "
         "assert 'torch' not in sys.modules and 'h5py' not in sys.modules, 'heavy import'"
     )

@@ -125,7 +125,7 @@ def test_root_attributes_and_nonfinite_locations(tmp_path: Path, cli) -> None:
 def test_inspect_does_not_import_torch(tmp_path: Path) -> None:
     src = make_robomimic(tmp_path / "demo.hdf5", [2])
     code = (
-        "import sys; from rolloutcli.cli import main; "
+        "import sys; from rolloutcli.cli.app import main; "
         f"assert main(['inspect', {str(SAMPLE)!r}, '-q']) == 0; assert main(['inspect', {str(src)!r}, '-q']) == 0; "
         "from rolloutcli.pipeline.inspect import run_inspect; from rolloutcli.pipeline.options import RunOptions; "
         f"run_inspect(__import__('pathlib').Path({str(SAMPLE)!r}), RunOptions()); "

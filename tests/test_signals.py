@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import SAMPLE
 
-from rolloutcli import cli_signals
+from rolloutcli.cli import signals as cli_signals
 from rolloutcli.errors import (
     EXIT_TERMINATED,
     Signalled,
@@ -43,7 +43,7 @@ def test_a_signal_inside_an_import_is_held_back_to_the_next_stop_point(tmp_path:
     returns there, and the command's next stop point raises it."""
     (tmp_path / "signalled_while_imported.py").write_text(
         "import signal, sys\n"
-        "from rolloutcli import cli_signals\n"
+        "from rolloutcli.cli import signals as cli_signals\n"
         "cli_signals.on_signal(signal.SIGTERM, sys._getframe())\n"
         "COMPLETE = True\n"
     )
@@ -177,7 +177,7 @@ def test_a_signal_while_python_starts_up_is_one_line(sig: int, code: int, what: 
         "import builtins, os, signal\n"
         "real = builtins.__import__\n"
         "def signalled(name, *args, **kwargs):\n"
-        "    if name == 'rolloutcli.cli':\n"
+        "    if name == 'rolloutcli.cli.app':\n"
         f"        os.kill(os.getpid(), {int(sig)})\n"
         "    return real(name, *args, **kwargs)\n"
         "builtins.__import__ = signalled\n"
@@ -210,7 +210,8 @@ def test_the_signal_is_forgotten_when_the_command_returns(tmp_path: Path, cli, m
 STUCK = """
 import os, signal, sys, time
 import rolloutcli.pipeline.gae as gae_pipeline
-from rolloutcli import cli, cli_signals
+from rolloutcli.cli import app as cli
+from rolloutcli.cli import signals as cli_signals
 
 cli_signals.STOP_GRACE_S = 1.0
 

@@ -1,0 +1,1 @@
+"""Pure functions on tensors: no files, no printing, no global RNG."""

@@ -1,0 +1,1 @@
+"""One job per command: blocks within the memory budget, progress, atomic outputs; returns plain summaries."""

@@ -1,6 +1,6 @@
 """``rolloutcli import``: a foreign recording (D4RL, Minari, robomimic / Isaac Lab, ikostrikov) as a rollout file.
 
-The source is opened through the same audit as every input; :mod:`rolloutcli.layouts` plans which source rows
+The source is opened through the same audit as every input; :mod:`rolloutcli.pipeline.layouts` plans which source rows
 go where, and the rows are copied in blocks of at most ``--max-memory`` bytes into a temporary file published
 atomically: a failure leaves nothing behind.
 """
@@ -23,7 +23,7 @@ from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import H5Input
 from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION, DatasetInfo
 from rolloutcli.hdf5.writer import RolloutOutput
-from rolloutcli.layouts import LAYOUTS, Copy, Plan, matches, plan_import, recognise, unrecognised
+from rolloutcli.pipeline.layouts import LAYOUTS, Copy, Plan, matches, plan_import, recognise, unrecognised
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
 

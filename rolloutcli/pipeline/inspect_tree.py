@@ -17,7 +17,7 @@ import numpy as np
 from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5.reader import H5Input
 from rolloutcli.hdf5.tree import object_tree
-from rolloutcli.layouts import recognise
+from rolloutcli.pipeline.layouts import recognise
 
 MANIFEST = "manifest.json"
 MANIFEST_BYTES = 16 << 20  # a larger manifest is not ours

@@ -3,7 +3,7 @@
 Pass 1 gathers the episodes, dones and time-outs per env, split's trajectory lengths, the per-dimension
 statistics of observations and actions, and the range of every distribution; pass 2 counts the histograms in
 bins fixed by those ranges. Only these summaries stay in memory (the episodes: 17 bytes each); the figure is
-drawn by :mod:`rolloutcli.plot_figure` (matplotlib, the ``plot`` extra, imported only here).
+drawn by :mod:`rolloutcli.pipeline.plot_figure` (matplotlib, the ``plot`` extra, imported only here).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def plot_data(reader: RolloutReader, progress: Progress) -> dict[str, Any]:
 def rollout_figure(src: Path, run: RunOptions | None = None, progress: Progress | None = None) -> tuple[Any, dict]:
     """The matplotlib figure of the rollout file ``src`` and the data drawn (the library's entry point)."""
     plt = load_matplotlib()
-    from rolloutcli.plot_figure import figure
+    from rolloutcli.pipeline.plot_figure import figure
 
     run = run or RunOptions()
     with RolloutReader(src, run.safety, budget=run.max_memory) as reader:
@@ -151,7 +151,7 @@ def run_plot(
         )
     plt = load_matplotlib()
     check_output_path(dst, [src], overwrite=overwrite)
-    from rolloutcli.plot_figure import save
+    from rolloutcli.pipeline.plot_figure import save
 
     fig, data = rollout_figure(src, run, progress)
     try:

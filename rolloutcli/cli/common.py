@@ -18,8 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
+from rolloutcli.cli.render import printable, stdout, to_json
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
-from rolloutcli.render import printable, stdout, to_json
 
 MAX_COUNT = (1 << 62) - 1  # upper bound of counts and lengths: far beyond any file, inside int64
 MAX_SEED = (1 << 63) - 1  # torch seeds and HDF5 int64 attributes hold it
@@ -142,7 +142,7 @@ class Common:
         return run_options(self.max_memory, self.allow_external, self.device)
 
     def progress(self) -> Any:
-        from rolloutcli.render import RichProgress
+        from rolloutcli.cli.render import RichProgress
 
         return RichProgress(self.quiet)
 

@@ -7,9 +7,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from rolloutcli.cli_common import Common, with_common
-from rolloutcli.cli_dataset import FilesArg, resolve_inputs
+from rolloutcli.cli.common import Common, with_common
+from rolloutcli.cli.dataset import FilesArg, resolve_inputs
+from rolloutcli.cli.render import _num
 
 EXAMPLE = "rolloutcli stats sample_data/cartpole_gru.h5 --normalizer obs_norm.pt --group policy"
 
@@ -34,8 +37,6 @@ def stats(
 
 
 def _render(console: Any, summary: dict[str, Any]) -> None:
-    from rolloutcli.render_nstep import render_per_dim
-
     render_per_dim(console, summary["per_dim"])
     console.print(
         f"normalizer of observations/{summary['group']} {summary['shape']} over {summary['count']} rows "
@@ -47,9 +48,20 @@ def with_per_dim(render: Callable[..., None]) -> Callable[..., None]:
     """``inspect``'s renderer followed by the ``--per-dim`` table."""
 
     def both(console: Any, report: dict[str, Any]) -> None:
-        from rolloutcli.render_nstep import render_per_dim
-
         render(console, report)
         render_per_dim(console, report["per_dim"])
 
     return both
+
+
+def render_per_dim(console: Console, per_dim: dict[str, Any]) -> None:
+    """One table per observation group / actions: a row per dimension (mean, std, min, max, non-finite)."""
+    for label, stats in per_dim.items():
+        table = Table(title=f"{label} {stats['shape']} per dimension", title_justify="left")
+        for column in ("dim", "mean", "std", "min", "max", "non-finite"):
+            table.add_column(column, justify="right")
+        for d, row in enumerate(zip(stats["mean"], stats["std"], stats["min"], stats["max"], strict=True)):
+            table.add_row(str(d), *(_num(v) for v in row), str(stats["nonfinite"][d]))
+        console.print(table)
+        if stats["nonfinite_total"]:
+            console.print(f"{label}: {stats['nonfinite_total']} non-finite values counted, not averaged in")

@@ -19,7 +19,8 @@ import sys
 import threading
 from typing import Any
 
-from rolloutcli.cli_common import RunState
+from rolloutcli.cli.common import RunState
+from rolloutcli.cli.render import stderr
 from rolloutcli.errors import (
     EXIT_HANGUP,
     EXIT_INTERRUPTED,
@@ -31,7 +32,6 @@ from rolloutcli.errors import (
     stop_if_signalled,
 )
 from rolloutcli.hdf5.atomic import remove_live_temporaries
-from rolloutcli.render import stderr
 
 CODES = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGHUP: EXIT_HANGUP, signal.SIGTERM: EXIT_TERMINATED}
 STOP_GRACE_S = 30.0  # a signalled command still running after this is ended by the watchdog

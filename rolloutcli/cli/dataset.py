@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rolloutcli.cli_common import Common, RunState
+from rolloutcli.cli.common import Common, RunState
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 
 if TYPE_CHECKING:
@@ -83,36 +83,6 @@ def render_dataset(console: Any, summary: dict[str, Any]) -> None:
     """The summary of a dataset run."""
     reused = f" ({summary['reused']} kept from the earlier run)" if summary.get("reused") else ""
     console.print(f"Wrote {summary['files']} files{reused} and dataset.json to {summary['output']}")
-
-
-def render_inspect_dataset(console: Any, report: dict[str, Any]) -> None:
-    """A dataset ``inspect``: a row per file, the totals, the episodes and statistics over all files."""
-    from rich.table import Table
-
-    from rolloutcli.render import _episodes, _num, _size
-
-    totals = report["totals"]
-    console.print(
-        f"{report['dataset']}  {totals['files']} files  {_size(totals['bytes'])}  {totals['steps']} steps  "
-        f"{totals['envs']} envs  {totals['episodes']} episodes"
-    )
-    files = Table(title="files", title_justify="left")
-    for column in ("file", "T", "N", "steps", "episodes", "size", "warnings"):
-        files.add_column(column, justify="left" if column == "file" else "right", no_wrap=column == "file")
-    for row in report["files"]:
-        cells = (row["name"], row["T"], row["N"], row["steps"], row["episodes"], _size(row["size_bytes"]))
-        files.add_row(*(str(c) for c in cells), str(row["warnings"]))
-    console.print(files)
-    _episodes(console, report["episodes"])
-    stats = Table(title="statistics over all files", title_justify="left")
-    for column in ("field", "mean", "std", "min", "max", "non-finite"):
-        stats.add_column(column, justify="right")
-    for name in ("rewards", "values", "last_values", "advantages", "returns"):
-        if report.get(name):
-            stats.add_row(name, *(_num(report[name][k]) for k in ("mean", "std", "min", "max", "nonfinite")))
-    console.print(stats)
-    for warning in report["warnings"]:
-        console.print(f"warning: {warning}")
 
 
 def derive_command(

@@ -1,16 +1,17 @@
 """The ``rolloutcli batch`` command: export mini-batch shards and a manifest (see ``pipeline/batch.py``).
 
-Registered on the app by ``cli.py``. Heavy modules (torch, h5py, the pipeline) are imported inside the
+Registered on the app by ``cli/app.py``. Heavy modules (torch, h5py, the pipeline) are imported inside the
 command so ``rolloutcli --help`` stays fast.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 
-from rolloutcli.cli_common import (
+from rolloutcli.cli.common import (
     MAX_SEED,
     Common,
     Compression,
@@ -20,13 +21,15 @@ from rolloutcli.cli_common import (
     need_output,
     with_common,
 )
-from rolloutcli.cli_dataset import (
+from rolloutcli.cli.dataset import (
     FilesArg,
     resolve_inputs,
 )
-from rolloutcli.cli_nstep import NStepTimeouts
+from rolloutcli.cli.derive import NStepTimeouts
+from rolloutcli.cli.render import _size
 from rolloutcli.errors import EXIT_USAGE, RolloutError
-from rolloutcli.render import render_batch
+
+EXAMPLE = "rolloutcli batch run_gae.h5 -o shards --num-mini-batches 4 --recurrent --epochs 2"
 
 
 def _groups(observations: str | None) -> tuple[str, ...] | None:
@@ -176,3 +179,48 @@ def _alone(mode: str, what: str, others: dict[str, bool]) -> None:
         raise RolloutError(
             f"{mode}: expected none of {', '.join(given)} ({what} are a mode of their own).", exit_code=EXIT_USAGE
         )
+
+
+# Below this many bytes written a throughput figure says more about start-up than about writing.
+_RATE_MIN_BYTES = 64 << 20
+
+
+def render_batch(console: Console, summary: dict[str, Any]) -> None:
+    """Print a ``batch`` summary: what was written, how rows were ordered, what was dropped, time."""
+    source, steps = summary["input"], f"T={summary['T']}"
+    if isinstance(source, list):  # a dataset: its file count, not a Python list; files may differ in T
+        source = f"{len(source)} files ({source[0]} ...)"
+        steps = steps if summary["T"] is not None else "T differs"
+    console.print(f"batch {source} -> {summary['output']}  ({summary['mode']}, {steps}, N={summary['N']})")
+    unit = "windows" if summary["mode"] == "history" else "rows"
+    console.print(
+        f"{summary['entries']} mini-batches ({summary['epochs']} epoch(s) x {summary['num_mini_batches']}) in "
+        f"{summary['files']} shard file(s), {_size(summary['bytes_written'])}, "
+        f"{summary['rows_per_epoch']} {unit} per epoch"
+    )
+    if summary["mode"] == "history":
+        episodes = "straddling episode ends" if summary["across_episodes"] else "inside one episode"
+        console.print(
+            f"history windows of {summary['history']} steps ({', '.join(summary['groups'])}), {episodes}, no padding"
+        )
+    if summary["mode"] == "transitions":
+        console.print(
+            f"transitions: {summary['n_step']}-step returns, gamma {summary['gamma']}, time-outs: "
+            f"{summary['timeouts']}; {summary['held_back']} held back (bootstrap observation unknown)"
+            + (f", {summary['autoreset_steps']} autoreset steps left out" if "autoreset_steps" in summary else "")
+        )
+    console.print(f"order: {summary['order']} (seed {summary['seed']})")
+    if summary["dropped_rows"]:
+        envs = f" ({len(summary['dropped_envs'])} envs)" if summary["dropped_envs"] else ""
+        console.print(f"dropped (RSL-RL parity): {summary['dropped_rows']} rows{envs}")
+    gae = summary.get("gae") or {}
+    if gae.get("gamma") is not None:
+        mixed = " (each file's, in order: they differ)" if any(isinstance(v, list) for v in gae.values()) else ""
+        console.print(
+            f"gae from the source{mixed}: gamma {gae['gamma']}  lambda {gae['lambda']}  "
+            f"normalized {gae['advantages_normalized']}"
+        )
+    how = f"streamed in {summary['blocks']} blocks" if summary["streamed"] else "in memory"
+    seconds, written = summary["seconds"], summary["bytes_written"]
+    rate = f", {written / seconds / 1e9:.2f} GB/s written" if written >= _RATE_MIN_BYTES and seconds > 0 else ""
+    console.print(f"done in {seconds:.2f} s ({how}{rate})")

@@ -1,5 +1,5 @@
 """The ``rolloutcli import`` command: bring a D4RL, Minari, robomimic / Isaac Lab or ikostrikov recording into the
-rollout format (see ``pipeline/importer.py``). Registered on the app by ``cli.py``."""
+rollout format (see ``pipeline/importer.py``). Registered on the app by ``cli/app.py``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from rolloutcli.cli_common import Common, FileOutputOpt, need_output, with_common
+from rolloutcli.cli.common import Common, FileOutputOpt, need_output, with_common
+
+EXAMPLE = "rolloutcli import d4rl_hopper.hdf5 -o hopper.h5 --max-memory 256M"
 
 
 class Layout(str, enum.Enum):

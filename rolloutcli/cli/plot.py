@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rolloutcli.cli_common import Common, need_output, with_common
+from rolloutcli.cli.common import Common, need_output, with_common
 
 EXAMPLE = "rolloutcli plot sample_data/cartpole_gru.h5 -o report.png"
 
