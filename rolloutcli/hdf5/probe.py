@@ -8,10 +8,11 @@ corrupt (exit 1) and this process never parses it. Data is never read there.
 
 The throwaway processes are forked from a small helper interpreter (h5py only, started on first use), not from
 this process, whose page tables (large once torch is loaded) every fork would copy. The helper reads requests
-on stdin and exits when this process goes away. On Linux it also listens on an abstract Unix socket (nothing
-on disk to leave behind; only the same user is answered): the local pool's workers of the same command ask it
-there (``shared_env``) instead of each starting a helper of its own (an interpreter and h5py, ~0.2 s of CPU
-each, which a command on a 2-CPU machine pays in its wall time).
+on stdin (a ``multiprocessing.connection`` socket pair) and exits when this process goes away. On Linux it also
+listens on an abstract Unix socket (a ``Listener``: nothing on disk to leave behind; only the same user is
+answered): the local pool's workers of the same command ask it there (``shared_env``) instead of each starting a
+helper of its own (an interpreter and h5py, ~0.2 s of CPU each, which a command on a 2-CPU machine pays in its
+wall time). Requests name a path and answers are a few bytes: nothing for ``shared_memory`` or ``send_handle``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import json
 import math
 import os
 import secrets
-import select
 import signal
 import socket
 import struct
@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from multiprocessing.connection import Connection, Listener, Pipe
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ def _identity(path: str) -> tuple[int, ...] | None:
 
 
 class _Helper:
-    """The helper interpreter and its pipes, owned by the process that started it."""
+    """The helper interpreter and the connection to it (its stdin), owned by the process that started it."""
 
     def __init__(self) -> None:
         package_parent = str(Path(__file__).resolve().parents[2])
@@ -113,14 +114,16 @@ class _Helper:
         self.owner = os.getpid()
         # an abstract socket's name (Linux only); random, and the helper answers only this user's processes
         self.address = f"rolloutcli-probe-{secrets.token_hex(16)}" if sys.platform.startswith("linux") else None
+        self.connection, theirs = Pipe()
         self.process = subprocess.Popen(
             [sys.executable, "-c", "from rolloutcli.hdf5.probe import serve; serve()", *filter(None, [self.address])],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
+            stdin=theirs.fileno(),
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=env,
             start_new_session=True,  # Ctrl-C in a terminal goes to the command, not to the helper
         )
+        theirs.close()
 
     def listening(self) -> bool:
         """Whether the helper takes connections on its socket (waits for it to start listening, which it does
@@ -128,37 +131,42 @@ class _Helper:
         ``LISTEN_WAIT`` seconds, and the workers then start helpers of their own)."""
         deadline = time.monotonic() + LISTEN_WAIT
         while self.address is not None and self.process.poll() is None and time.monotonic() < deadline:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-                try:
-                    connection.connect("\0" + self.address)
-                    return True
-                except OSError:
-                    time.sleep(0.005)
+            try:
+                _connect(self.address).close()
+                return True
+            except OSError:
+                time.sleep(0.005)
         return False
-
-    def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        """Send one request; the answer, or None when the helper died or did not answer in time. (The helper
-        writes each answer as one line once its child has ended, so its first byte means the whole line follows.)"""
-        assert self.process.stdin is not None and self.process.stdout is not None
-        try:
-            self.process.stdin.write(json.dumps(request).encode() + b"\n")
-            self.process.stdin.flush()
-            if not select.select([self.process.stdout], [], [], timeout)[0]:
-                return None
-            return json.loads(self.process.stdout.readline())
-        except (OSError, ValueError):
-            return None
 
     def close(self) -> None:
         if self.owner != os.getpid():
             return  # inherited through a fork: the helper belongs to the parent
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            if self.process.stdin is not None:
-                self.process.stdin.close()
+        self.connection.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=1)
         with contextlib.suppress(OSError):
             self.process.kill()
             self.process.wait()
+
+
+def _connect(address: str) -> Connection:
+    """A connection to the helper listening on ``address``; hand-rolled as ``Client`` has no connect timeout."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(HELPER_SLACK)
+        connection.connect("\0" + address)
+        connection.settimeout(None)
+        return Connection(connection.detach())
+
+
+def _exchange(connection: Connection, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    """Send one request; the answer, or None when the helper is gone or did not answer in time. (The helper
+    sends each answer in one write once its child has ended, so a readable connection means it all follows.)
+    JSON, not pickle: the socket's name is public (/proc/net/unix); who binds it after the helper must not run code."""
+    with contextlib.suppress(OSError, EOFError, ValueError):
+        connection.send_bytes(json.dumps(request).encode())
+        if connection.poll(timeout):
+            return json.loads(connection.recv_bytes(1 << 16))
+    return None
 
 
 _HELPER: _Helper | None = None
@@ -198,7 +206,7 @@ def _ask(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
             helper = _running_helper()
             if helper is None:
                 return None
-            answer = helper.ask(request, timeout)
+            answer = _exchange(helper.connection, request, timeout)
             if answer is not None:
                 return answer
             helper.close()
@@ -216,7 +224,7 @@ def shared_env() -> dict[str, str]:
         return {SHARED_ENV: helper.address}
 
 
-_SHARED: dict[str, Any] = {}  # this process's connection to the shared helper: address, pid, socket, reader
+_SHARED: dict[str, Any] = {}  # this process's connection to the shared helper: address, pid, connection
 
 
 def _ask_shared(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
@@ -225,28 +233,19 @@ def _ask_shared(request: dict[str, Any], timeout: float) -> dict[str, Any] | Non
     address = os.environ.get(SHARED_ENV)
     if not address or (_HELPER is not None and _HELPER.owner == os.getpid() and _HELPER.address == address):
         return None
-    try:
-        if _SHARED.get("address") != address or _SHARED.get("pid") != os.getpid():
-            _drop_shared()
-            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            _SHARED.update(address=address, pid=os.getpid(), socket=connection)
-            connection.settimeout(HELPER_SLACK)
-            connection.connect("\0" + address)
-            _SHARED["reader"] = connection.makefile("rb")
-        connection = _SHARED["socket"]
-        connection.sendall(json.dumps(request).encode() + b"\n")
-        if not select.select([connection], [], [], timeout)[0]:
-            raise OSError("no answer in time")
-        return json.loads(_SHARED["reader"].readline())
-    except (OSError, ValueError):
+    if _SHARED.get("address") != address or _SHARED.get("pid") != os.getpid():
         _drop_shared()
-        return None
+        with contextlib.suppress(OSError):
+            _SHARED.update(address=address, pid=os.getpid(), connection=_connect(address))
+    answer = _exchange(_SHARED["connection"], request, timeout) if _SHARED else None
+    if answer is None:
+        _drop_shared()
+    return answer
 
 
 def _drop_shared() -> None:
     if _SHARED.get("pid") == os.getpid():
-        with contextlib.suppress(OSError):
-            _SHARED["socket"].close()
+        _SHARED["connection"].close()
     _SHARED.clear()
 
 
@@ -260,51 +259,49 @@ def _stop_helper() -> None:
 
 
 def serve() -> None:
-    """The helper's loop: one JSON request per line on stdin, one JSON answer per line on stdout; the same on
-    each connection to the socket ``sys.argv[1]`` (when given), each on a thread of its own."""
+    """The helper's loop: requests on its stdin (a socket pair) and on each connection to the socket
+    ``sys.argv[1]`` (when given), each connection on a thread of its own; ends when its owner closes stdin."""
     listener = None
     if len(sys.argv) > 1:  # listening before the imports: a worker's first connection waits in the backlog
-        try:
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind("\0" + sys.argv[1])
-            listener.listen(64)
-        except OSError:  # no socket (a sandbox may forbid it): the owner is still served on stdin
-            listener = None
+        with contextlib.suppress(OSError):  # no socket (a sandbox may forbid it): the owner is still served
+            listener = Listener("\0" + sys.argv[1], "AF_UNIX", backlog=64)
     import h5py  # noqa: F401 - imported once, before the forks
 
     import rolloutcli.hdf5.audit  # noqa: F401
 
     if listener is not None:
         threading.Thread(target=_accept, args=(listener,), daemon=True).start()
-    _answer(sys.stdin.buffer, sys.stdout.buffer)
+    _answer(Connection(sys.stdin.fileno()))
 
 
-def _accept(listener: socket.socket) -> None:
+def _accept(listener: Listener) -> None:
     while True:
-        connection, _ = listener.accept()
-        threading.Thread(target=_connection, args=(connection,), daemon=True).start()
+        threading.Thread(target=_connection, args=(listener.accept(),), daemon=True).start()
 
 
-def _connection(connection: socket.socket) -> None:
-    with connection, contextlib.suppress(OSError, ValueError):
-        _, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+def _connection(connection: Connection) -> None:
+    with connection, socket.fromfd(connection.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+        _, uid, _ = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        # the uid, not an authkey: ``Listener.accept`` checks that on its one thread, which a silent peer stalls
         if uid == os.getuid():  # an abstract socket has no file permissions: another user is not answered
-            _answer(connection.makefile("rb"), connection.makefile("wb"))
+            _answer(connection)
 
 
-def _answer(requests: Any, answers: Any) -> None:
-    for line in requests:
-        request = json.loads(line)
-        answer = _probe_in_child(Path(request["path"]), bool(request["allow_external"]), float(request["timeout"]))
-        answers.write(json.dumps(answer).encode() + b"\n")
-        answers.flush()
+def _answer(connection: Connection) -> None:
+    """Answer each request on ``connection`` (JSON, as in ``_exchange``) until it closes."""
+    with connection, contextlib.suppress(OSError, EOFError, ValueError):
+        while True:
+            request = json.loads(connection.recv_bytes())
+            answer = _probe_in_child(Path(request["path"]), bool(request["allow_external"]), float(request["timeout"]))
+            connection.send_bytes(json.dumps(answer).encode())
 
 
 _FORK = threading.Lock()  # one fork at a time; the forked child touches nothing the helper's threads hold
 
 
 def _probe_in_child(path: Path, allow_external: bool, timeout: float) -> dict[str, Any]:
-    """Fork a child that reads the metadata; ``{"status": "ok" | "timeout" | "signal", "signal": name}``."""
+    """Fork a child that reads the metadata; ``{"status": "ok" | "timeout" | "signal", "signal": name}``. (Not a
+    ``concurrent.futures`` pool: its worker cannot be killed at one file's deadline, and a crash breaks the pool.)"""
     with _FORK:
         pid = os.fork()
     if pid == 0:

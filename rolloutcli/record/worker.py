@@ -2,18 +2,22 @@
 
 A recorder that has a whole rollout at once (the RSL-RL hook, once per iteration) hands it over with
 :func:`publish`: its arrays (numpy or torch, any device) are copied into a shared-memory slot (a file in
-``/dev/shm``, else in the temporary folder) and a small message naming the slot goes through a pipe to one child
-process, ``python -m rolloutcli.record.worker`` (the slot's descriptor through a socket: a slot has no name, so a
-killed process leaves none behind), which reads the arrays in place, writes them with
+``/dev/shm``, else in the temporary folder); the slot's descriptor (``socket.send_fds``) and a small message naming
+its arrays (framed by ``multiprocessing.connection``) go through a socket pair to one child process,
+``python -m rolloutcli.record.worker``, which reads the arrays in place, writes them with
 :class:`~rolloutcli.record.writer.RolloutWriter` (the same checks, the same bytes) and publishes the file
 atomically. Creating a file's datasets and attributes is libhdf5 work done under the GIL: done in a thread of the
 training process it would stall the training loop for as long, and pickling the arrays through the pipe cost the
 loop more than copying them (benchmarks/README.md, issue 13). Recordings are written in the order handed over;
 at most ``_IN_FLIGHT`` are held at once, one slot each (memory stays bounded: :func:`publish` waits for the
 oldest). The child runs only on CPUs the training leaves idle (``SCHED_IDLE`` on Linux). It ignores Ctrl-C
-(what it was handed is finished) and ends when this process closes the pipe (at exit, after the files handed
+(what it was handed is finished) and ends when this process closes its end (at exit, after the files handed
 over are published); on SIGTERM it finishes the file it is writing and ends. A failure comes back as the
 future's exception: a ``RolloutError`` naming the file.
+
+Not ``multiprocessing.shared_memory``: its segments have names, which a killed process leaves in ``/dev/shm``.
+Not ``reduction.send_handle``: on macOS it waits for the child's acknowledgement, so for the file being written.
+Not ``ProcessPoolExecutor``: its thread hands work over (lost if the training process dies first), no descriptors.
 """
 
 from __future__ import annotations
@@ -23,17 +27,16 @@ import contextlib
 import functools
 import mmap
 import os
-import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 from concurrent.futures import Future
+from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
@@ -41,27 +44,7 @@ from rolloutcli.core.host import numpy_storable
 from rolloutcli.errors import EXIT_IO, RolloutError
 
 _IN_FLIGHT = 2  # recordings handed over and not yet published
-_HEADER = struct.Struct("<Q")
 _ALIGN = 64  # each array of a slot starts on a cache line
-
-
-def _frame(message: Any) -> bytes:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(data)) + data
-
-
-def _send(stream: IO[bytes], frame: bytes) -> None:
-    stream.write(frame)
-    stream.flush()
-
-
-def _receive(stream: IO[bytes]) -> Any:
-    head = stream.read(_HEADER.size)
-    size = _HEADER.unpack(head)[0] if len(head) == _HEADER.size else -1
-    data = stream.read(size) if size >= 0 else b""
-    if size < 0 or len(data) < size:  # the other end closed the pipe (a partial message is dropped)
-        raise EOFError
-    return pickle.loads(data)
 
 
 class _Ref:
@@ -184,17 +167,17 @@ def write_recording(job: dict[str, Any]) -> Path:
 
 class _Child:
     """The child process and a thread reading its replies (messages are written by the caller: they are small
-    and at most ``_IN_FLIGHT`` are unread, so the pipe takes each at once)."""
+    and at most ``_IN_FLIGHT`` are unread, so the socket takes each at once)."""
 
     def __init__(self) -> None:
         root = str(Path(__file__).resolve().parents[2])  # where this rolloutcli is imported from
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-        self.slots, theirs = socket.socketpair()  # each message's slot descriptor goes through it, just before
+        self.connection, theirs = Pipe()  # a socket pair: only the child holds the other end
+        self.slots = socket.fromfd(self.connection.fileno(), socket.AF_UNIX, socket.SOCK_STREAM)  # for descriptors
         with theirs:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "rolloutcli.record.worker", str(theirs.fileno())],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
                 env=env,
                 pass_fds=[theirs.fileno()],
             )
@@ -204,10 +187,9 @@ class _Child:
         threading.Thread(target=self._read, name="rolloutcli-record-read", daemon=True).start()
 
     def _read(self) -> None:
-        assert self.process.stdout is not None
         try:
             while True:
-                ident, error = _receive(self.process.stdout)
+                ident, error = self.connection.recv()
                 with self.lock:
                     path, future = self.waiting.pop(ident)
                 if error is None:
@@ -237,8 +219,8 @@ class _Child:
         try:
             if not alive:
                 raise OSError("ended")
-            socket.send_fds(self.slots, [b"s"], [fd])
-            _send(self.process.stdin, _frame((ident, message)))  # type: ignore[arg-type]
+            socket.send_fds(self.slots, [b"s"], [fd])  # just before the message naming its arrays
+            self.connection.send((ident, message))
         except OSError:
             with self.lock:
                 self.waiting.pop(ident, None)
@@ -249,8 +231,8 @@ class _Child:
         return future
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.process.stdin.close()  # type: ignore[union-attr]
+        with contextlib.suppress(OSError):  # the child's end of file: a close gives none while _read waits on it
+            self.slots.shutdown(socket.SHUT_WR)
         self.process.wait()
         self.slots.close()
 
@@ -384,33 +366,33 @@ def _yield_to_training() -> None:
             os.sched_setscheduler(int(task), os.SCHED_IDLE, os.sched_param(0))
 
 
-def _serve(slots: socket.socket) -> int:
-    """The child: write each recording received on stdin from the slot descriptor received on ``slots`` just
-    before it; reply ``(ident, None | (message, exit code))``."""
+def _serve(connection: Connection) -> int:
+    """The child: write each recording received on ``connection`` from the slot descriptor received just before
+    it; reply ``(ident, None | (message, exit code))``. Ends when the training process closes its end or is gone
+    (its end closed with replies unread: a reset, not an end of file; no descriptor: an end of file)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the training loop: finish what was handed over
     _yield_to_training()
     stop = _Stop()
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
-    requests = os.fdopen(0, "rb")
+    slots = socket.fromfd(connection.fileno(), socket.AF_UNIX, socket.SOCK_STREAM)
+    os.dup2(2, 1)  # anything printed goes to stderr, as the training process's output may be data
     while True:
         try:
-            ident, (size, skeleton, cwd) = _receive(requests)
-        except EOFError:
+            fd = socket.recv_fds(slots, 1, 1)[1][0]
+            ident, (size, skeleton, cwd) = connection.recv()
+        except (EOFError, OSError, IndexError):
             return 0
-        fd = socket.recv_fds(slots, 1, 1)[1][0]
         try:
-            stop.work(_reply, replies, ident, fd, size, skeleton, cwd)
-        except BrokenPipeError:  # the training process is gone (killed): the file is published, nobody to tell
+            stop.work(_reply, connection, ident, fd, size, skeleton, cwd)
+        except OSError:  # the training process is gone (killed): the file is published, nobody to tell
             return 0
         stop.check()
 
 
-def _reply(replies: IO[bytes], ident: int, fd: int, size: int, skeleton: dict[str, Any], cwd: str | None) -> None:
-    _send(replies, _frame((ident, _write_slot(fd, size, skeleton, cwd))))
+def _reply(connection: Connection, ident: int, fd: int, size: int, skeleton: dict[str, Any], cwd: str | None) -> None:
+    connection.send((ident, _write_slot(fd, size, skeleton, cwd)))
 
 
 if __name__ == "__main__":  # the module's own copy serves, so that the messages' _Ref is the one it checks for
     from rolloutcli.record import worker
 
-    sys.exit(worker._serve(socket.socket(fileno=int(sys.argv[1]))))
+    sys.exit(worker._serve(Connection(int(sys.argv[1]))))
