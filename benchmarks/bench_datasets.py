@@ -2,7 +2,9 @@
 
 - ``gae`` and ``batch`` on a dataset of 8 files of ~256 MB (``--quick``: ~9 MB), ``--workers 2`` vs
   ``--workers 1`` as CLI subprocesses, the kernels' own threads set to one in both (``OMP_NUM_THREADS=1``
-  etc.), so the ratio measures the engine. Goal: at least 1.6x on 2 CPUs. Each run prints its wall time and
+  etc.), so the ratio measures the engine. Goal: CPU(workers 2) / CPU(workers 1) at most 1.15x (the engine's
+  overhead; the wall-time ratio, whose 1.6x goal a shared 2-CPU machine cannot judge, is printed beside it), and
+  the wall time against ``cp -r`` + ``sync`` of the same files in the same run. Each run prints its wall time and
   the CPU time (user + sys) of every process it started - the driver, the pool's forkserver and workers -
   collected exactly: each run is started from a small launcher that is the child subreaper of the run and
   reaps every process of it with ``wait4``. On a loaded machine wall ratios are distorted; CPU totals are not
@@ -14,7 +16,11 @@
   its sort) with ``--max-memory 512M`` and ``--workers 1`` and ``2``; peak RSS of the driver and of the
   largest other process (goal: each under ``--max-memory`` + 300 MB). Writes ~3.5 GB in ``--folder``.
 
+- ``--many-files``: the per-file cost of every dataset command on ``--files`` (10,000) small recordings against
+  h5py doing the same per-file work, and the peak RSS on 100 of them against all (``_many_files.py``).
+
 Usage: python benchmarks/bench_datasets.py [--quick] [--big] [--no-ray] [--repeats R] [--folder F] [--keep]
+       python benchmarks/bench_datasets.py --many-files [--files N]
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _many_files import many_files
 from bench_commands import make_rollout
 
 THREADS = {k: "1" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")}
@@ -95,7 +102,18 @@ def describe(run: dict) -> str:
     )
 
 
-def compare(name: str, command: list[object], out: Path, repeats: int) -> dict[int, dict]:
+def cp_sync(src: Path, dst: Path) -> float:
+    """Seconds of ``cp -r src dst`` + ``sync``: the reference of a command that writes what it reads."""
+    shutil.rmtree(dst, ignore_errors=True)
+    started = time.perf_counter()
+    subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
+    subprocess.run(["sync"], check=True)
+    seconds = time.perf_counter() - started
+    shutil.rmtree(dst)
+    return seconds
+
+
+def compare(name: str, command: list[object], out: Path, repeats: int, reference: float) -> dict[int, dict]:
     """``command -o out --workers K`` for K = 1, 2, alternated ``repeats`` times; the fastest run of each."""
     fastest: dict[int, dict] = {}
     for repeat in range(repeats):
@@ -107,9 +125,10 @@ def compare(name: str, command: list[object], out: Path, repeats: int) -> dict[i
                 fastest[workers] = run
     one, two = fastest[1], fastest[2]
     print(
-        f"{name}: --workers 2 vs 1: {one['wall'] / two['wall']:.2f}x wall (goal >= 1.6x); CPU {two['cpu']:.1f} s vs "
-        f"{one['cpu']:.1f} s ({two['cpu'] / one['cpu']:.2f}x: the engine's overhead); the CPU bound on 2 idle "
-        f"CPUs: {2 * one['cpu'] / two['cpu']:.2f}x",
+        f"{name}: CPU(workers 2) / CPU(workers 1) {two['cpu']:.1f} s / {one['cpu']:.1f} s = "
+        f"{two['cpu'] / one['cpu']:.2f}x (goal <= 1.15x); wall {one['wall']:.2f} s / {two['wall']:.2f} s = "
+        f"{one['wall'] / two['wall']:.2f}x faster with 2 (bound on 2 idle CPUs: {2 * one['cpu'] / two['cpu']:.2f}x); "
+        f"--workers 1 vs cp + sync ({reference:.2f} s): {one['wall'] / reference:.2f}x; {load()}",
         flush=True,
     )
     return fastest
@@ -212,12 +231,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration (the fastest counts)")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/rolloutcli-datasets"))
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--many-files", action="store_true", help="only the per-file cost on --files small files")
+    parser.add_argument("--files", type=int, default=10_000, help="how many small files --many-files makes")
     args = parser.parse_args()
     folder = args.folder
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     try:
-        if not args.only_big:
+        if args.many_files:
+            many_files(folder, args.files, measured, load)
+        elif not args.only_big:
             engines(folder, args)
         if args.big or args.only_big:
             big(folder)
@@ -233,9 +256,11 @@ def engines(folder: Path, args: argparse.Namespace) -> None:
     sizes = [make_rollout(runs / f"run{i:02d}.h5", T, N, 0.02, seed=i) for i in range(8)]
     print(f"dataset: 8 files of {sizes[0] / 2**20:.0f} MiB (T={T}, N={N}), {THREADS}; {load()}", flush=True)
     gae_out = folder / "gae"
-    compare("gae", ["gae", runs], gae_out, args.repeats)
+    reference = cp_sync(runs, folder / "copy")
+    print(f"cp -r + sync of the 8 files: {reference:.2f} s; {load()}", flush=True)
+    compare("gae", ["gae", runs], gae_out, args.repeats, reference)
     budget = "64M" if args.quick else "512M"  # streamed: several blocks per file
-    compare("batch", ["batch", gae_out, "-m", 16, "--max-memory", budget], folder / "shards", args.repeats)
+    compare("batch", ["batch", gae_out, "-m", 16, "--max-memory", budget], folder / "shards", args.repeats, reference)
     if args.no_ray:
         return
     ray_costs()
