@@ -1,19 +1,20 @@
-"""Read an untrusted file's metadata first in a throwaway process, so a libhdf5 crash or hang is caught.
+"""Read an untrusted file's metadata first in another process, so a libhdf5 crash or hang is caught.
 
 Some corrupt files defeat libhdf5 in C code Python cannot interrupt (a variable-length string whose global-heap
-object claims size 0 loops forever in ``H5HG__cache_heap_deserialize``; other corrupt metadata crashes it). So a
-throwaway process opens the file, audits it and reads what the commands read from the metadata (attributes,
+object claims size 0 loops forever in ``H5HG__cache_heap_deserialize``; other corrupt metadata crashes it). So
+another process opens the file, audits it and reads what the commands read from the metadata (attributes,
 chunk indexes, variable-length datasets); when it dies by a signal or runs out of time, the file is refused as
 corrupt (exit 1) and this process never parses it. Data is never read there.
 
-The throwaway processes are forked from a small helper interpreter (h5py only, started on first use:
-``rolloutcli.hdf5.probe_helper``), not from this process, whose page tables (large once torch is loaded) every
-fork would copy. The helper reads requests on stdin (a ``multiprocessing.connection`` socket pair) and exits when
-this process goes away. On Linux it also listens on an abstract Unix socket (a ``Listener``: nothing on disk to
-leave behind; only the same user is answered): the local pool's workers of the same command ask it there
-(``shared_env``) instead of each starting a helper of its own (an interpreter and h5py, ~0.2 s of CPU each,
-which a command on a 2-CPU machine pays in its wall time). Requests name a path and answers are a few bytes:
-nothing for ``shared_memory`` or ``send_handle``.
+That process, a prober, reads file after file (a fork per file cost ~16 ms of a small file's ~22 ms); it is
+forked from a small helper interpreter (h5py only, started on first use: ``rolloutcli.hdf5.probe_helper``), not
+from this process, whose page tables (large once torch is loaded) every fork would copy. The helper reads
+requests on stdin (a ``multiprocessing.connection`` socket pair) and exits when this process goes away. On Linux
+it also listens on an abstract Unix socket (a ``Listener``: nothing on disk to leave behind; only the same user
+is answered): the local pool's workers of the same command ask it there (``shared_env``) instead of each
+starting a helper of its own (an interpreter and h5py, ~0.2 s of CPU each, which a command on a 2-CPU machine
+pays in its wall time). Requests name a path and answers are a few bytes: nothing for ``shared_memory`` or
+``send_handle``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def probe_metadata(path: Path | str, allow_external: bool = False, timeout: floa
     key = (request["path"], allow_external, identity)
     if _PROBED is not None and key in _PROBED:
         return
-    answer = _ask(request, timeout + HELPER_SLACK)
+    # a file a used prober failed on is read again by a fresh one before it is blamed: two deadlines, at most
+    answer = _ask(request, 2 * (timeout + HELPER_SLACK))
     if answer is not None and answer["status"] == "ok" and _PROBED is not None and identity is not None:
         _PROBED.add(key)
     if answer is None or answer["status"] == "ok":
@@ -80,8 +82,8 @@ _PROBED: set[tuple[Any, ...]] | None = None  # inside ``probed_once``: the files
 @contextlib.contextmanager
 def probed_once() -> Iterator[None]:
     """Inside the block, a file found sound is not probed again while it is the same file with the same size
-    and modification and change times (a dataset's work unit opens its input twice: a probe is a fork and a
-    metadata read, ~30 ms). Outside it, every open probes."""
+    and modification and change times (a dataset's work unit opens its input twice: a probe is a round trip to
+    the helper and a metadata read, a few ms). Outside it, every open probes."""
     global _PROBED
     outer, _PROBED = _PROBED, set()
     try:
@@ -158,7 +160,8 @@ def _connect(address: str) -> Connection:
 
 def _exchange(connection: Connection, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     """Send one request; the answer, or None when the helper is gone or did not answer in time. (The helper
-    sends each answer in one write once its child has ended, so a readable connection means it all follows.)
+    sends each answer in one write once its prober has answered or ended, so a readable connection means it
+    all follows.)
     JSON, not pickle: the socket's name is public (/proc/net/unix); who binds it after the helper must not run code."""
     with contextlib.suppress(OSError, EOFError, ValueError):
         connection.send_bytes(json.dumps(request).encode())

@@ -1,7 +1,11 @@
-"""The metadata probe's helper interpreter: it forks a throwaway child per file to read the file's metadata.
+"""The metadata probe's helper interpreter: long-lived probers, forked from it, read untrusted files one by one.
 
 ``rolloutcli.hdf5.probe`` (the client) starts it and says why (a libhdf5 crash or hang on a corrupt file must not
-take the command down). Data is never read there.
+take the command down). Each connection, the owner's stdin or a pool worker's on the abstract socket, gets a
+prober of its own: a child forked from this small interpreter (h5py only) that reads one requested file's
+metadata after another, each under its own deadline (an alarm), and answers after each. When it dies by a signal
+or overruns, the file is read once more by a fresh prober before it is blamed (an earlier file may have damaged
+libhdf5's global state in the old one); the next file goes to a fresh prober too. Data is never read there.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ import socket
 import struct
 import sys
 import threading
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection, Listener, Pipe
 from pathlib import Path
 from typing import Any
 
 from rolloutcli.errors import RolloutError
 
 VLEN_PROBE_BYTES = 64 << 20  # variable-length datasets up to this declared size are read by the probe
+PROBER_SLACK = 5.0  # seconds past a file's alarm before the helper kills a prober that is still alive itself
 
 
 def serve() -> None:
@@ -38,6 +43,9 @@ def serve() -> None:
     if listener is not None:
         threading.Thread(target=_accept, args=(listener,), daemon=True).start()
     _answer(Connection(sys.stdin.fileno()))
+    for pid in list(_PROBERS):  # the workers' probers end with the helper too, even one in a file's C loop
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _accept(listener: Listener) -> None:
@@ -54,42 +62,108 @@ def _connection(connection: Connection) -> None:
 
 
 def _answer(connection: Connection) -> None:
-    """Answer each request on ``connection`` (JSON, as in ``probe._exchange``) until it closes."""
+    """Answer each request on ``connection`` (JSON, as in ``probe._exchange``) until it closes, through a prober
+    of its own: a connection's requests come one at a time, so one prober serves them all, file after file."""
+    prober: _Prober | None = None
     with connection, contextlib.suppress(OSError, EOFError, ValueError):
-        while True:
-            request = json.loads(connection.recv_bytes())
-            answer = _probe_in_child(Path(request["path"]), bool(request["allow_external"]), float(request["timeout"]))
-            connection.send_bytes(json.dumps(answer).encode())
-
-
-_FORK = threading.Lock()  # one fork at a time; the forked child touches nothing the helper's threads hold
-
-
-def _probe_in_child(path: Path, allow_external: bool, timeout: float) -> dict[str, Any]:
-    """Fork a child that reads the metadata; ``{"status": "ok" | "timeout" | "signal", "signal": name}``. (Not a
-    ``concurrent.futures`` pool: its worker cannot be killed at one file's deadline, and a crash breaks the pool.)"""
-    with _FORK:
-        pid = os.fork()
-    if pid == 0:
         try:
-            # SIGALRM's default action ends the process even inside a C loop of libhdf5
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)
-            signal.alarm(max(1, math.ceil(timeout)))
-            with contextlib.suppress(BaseException):
-                _read_metadata(path, allow_external)
+            while True:
+                request = json.loads(connection.recv_bytes())
+                answer, prober = _verdict(prober, request)
+                connection.send_bytes(json.dumps(answer).encode())
         finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    if not os.WIFSIGNALED(status):
-        return {"status": "ok"}
-    number = os.WTERMSIG(status)
-    if number == signal.SIGALRM:
-        return {"status": "timeout"}
-    return {"status": "signal", "signal": signal.Signals(number).name}
+            if prober is not None:
+                prober.end()
+
+
+def _verdict(prober: _Prober | None, request: dict[str, Any]) -> tuple[dict[str, Any], _Prober | None]:
+    """The answer for one file, and the prober for the next (None: fork a fresh one). A prober that ended on a
+    file it was not the first to read may have been damaged by an earlier file (libhdf5's global state): the
+    file is read once more by a fresh prober, whose verdict stands, so an innocent file is never blamed."""
+    if prober is not None:
+        answer = prober.ask(request)
+        if not prober.ended:
+            return answer, prober
+    prober = _Prober()
+    answer = prober.ask(request)
+    return answer, None if prober.ended else prober
+
+
+_FORK = threading.Lock()  # one fork at a time (see ``_Prober``); the child touches nothing the helper's threads hold
+_PROBERS: set[int] = set()  # the live probers' pids, killed when the helper ends
+
+
+class _Prober:
+    """A child of the helper that reads the metadata of file after file, each under its own deadline, and answers
+    ``b"ok"`` after each. (Not a ``concurrent.futures`` pool: its worker cannot be killed at one file's deadline,
+    and a crash breaks the pool.) Idle, it waits on its socket; it ends when the helper closes it or goes away."""
+
+    def __init__(self) -> None:
+        # the socket pair is made and the prober's end closed under the lock, so no other prober forked by another
+        # thread holds a copy of that end: its end-of-file here then means this prober has ended
+        with _FORK:
+            self.connection, theirs = Pipe()
+            pid = os.fork()
+            if pid != 0:
+                theirs.close()
+        if pid == 0:
+            self.connection.close()
+            _read_requests(theirs)
+        self.pid, self.ended = pid, False
+        _PROBERS.add(pid)
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``{"status": "ok" | "timeout" | "signal", "signal": name}`` for one file; ``ended`` is set when the
+        prober did not answer (it is then gone, and the status says how it ended)."""
+        overran = False
+        with contextlib.suppress(OSError, EOFError, ValueError):
+            self.connection.send_bytes(json.dumps(request).encode())
+            # its own alarm ends it at the file's deadline; this wait is the backstop (a stopped prober)
+            if self.connection.poll(_alarm(float(request["timeout"])) + PROBER_SLACK):
+                self.connection.recv_bytes()  # its answer, or end-of-file when it died (EOFError)
+                return {"status": "ok"}
+            overran = True
+        return self.end(overran)
+
+    def end(self, overran: bool = False) -> dict[str, Any]:
+        """Kill the prober (an idle one, or one past its backstop) and say how it ended."""
+        self.ended = True
+        self.connection.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)  # not reaped yet: the pid is still this child's
+        _, status = os.waitpid(self.pid, 0)
+        _PROBERS.discard(self.pid)
+        if overran or (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM):
+            return {"status": "timeout"}
+        if not os.WIFSIGNALED(status):
+            return {"status": "ok"}  # only a signal or an overrun blames the file (as with a child per file)
+        number = os.WTERMSIG(status)
+        return {"status": "signal", "signal": signal.Signals(number).name}
+
+
+def _alarm(timeout: float) -> int:
+    return max(1, math.ceil(timeout))
+
+
+def _read_requests(connection: Connection) -> None:
+    """The prober's loop (in the forked child; never returns): read each requested file's metadata and answer."""
+    try:
+        # SIGALRM's default action ends the process even inside a C loop of libhdf5
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        with contextlib.suppress(BaseException):
+            while True:
+                request = json.loads(connection.recv_bytes())
+                signal.alarm(_alarm(float(request["timeout"])))
+                with contextlib.suppress(BaseException):
+                    _read_metadata(Path(request["path"]), bool(request["allow_external"]))
+                signal.alarm(0)
+                connection.send_bytes(b"ok")
+    finally:
+        os._exit(0)
 
 
 def _read_metadata(path: Path, allow_external: bool) -> None:
-    """In the throwaway child: open, audit, then touch what commands read from the metadata (hard links)."""
+    """In the prober: open, audit, then touch what commands read from the metadata (hard links)."""
     import h5py
 
     from rolloutcli.hdf5.audit import audit_file
