@@ -220,7 +220,8 @@ def test_prestart_starts_the_process_server_with_the_modules_only_for_several_wo
 
 def test_local_workers_probe_through_the_drivers_helper(runs: Path, tmp_path: Path) -> None:
     """The pool's workers ask the driver's metadata probe helper (no helper interpreter of their own), and a file
-    that crashes libhdf5 is still refused from there (the crash happens in the helper's throwaway child)."""
+    that crashes libhdf5 is still refused from there (the crash happens in a prober, the helper's child), the
+    files before and after it in the same worker found sound (its next prober is a fresh one)."""
     import gzip
 
     from rolloutcli.pipeline.engine import close_pools, run_units
@@ -229,7 +230,8 @@ def test_local_workers_probe_through_the_drivers_helper(runs: Path, tmp_path: Pa
     mutant.write_bytes(
         gzip.decompress((Path(__file__).parent / "data" / "split_corrupt_named_type.h5.gz").read_bytes())
     )
-    files = [*sorted(runs.glob("*.h5")), mutant]
+    good = sorted(runs.glob("*.h5"))
+    files = [*good[:2], mutant, *good[2:]]
     try:
         results = run_units([(probing, (path,)) for path in files], EngineOptions(workers=2))
     finally:
@@ -238,7 +240,7 @@ def test_local_workers_probe_through_the_drivers_helper(runs: Path, tmp_path: Pa
         f"{mutant}: libhdf5 crashed (SIGSEGV) while reading the file's metadata; the file is corrupt. "
         "Re-export it from its source."
     )
-    assert results == [("ok", False)] * 4 + [(crashed, False)]
+    assert results == [("ok", False)] * 2 + [(crashed, False)] + [("ok", False)] * 2
 
 
 @pytest.mark.parametrize(

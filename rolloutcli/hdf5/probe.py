@@ -1,18 +1,20 @@
-"""Read an untrusted file's metadata first in a throwaway process, so a libhdf5 crash or hang is caught.
+"""Read an untrusted file's metadata first in another process, so a libhdf5 crash or hang is caught.
 
 Some corrupt files defeat libhdf5 in C code Python cannot interrupt (a variable-length string whose global-heap
-object claims size 0 loops forever in ``H5HG__cache_heap_deserialize``; other corrupt metadata crashes it). So a
-throwaway process opens the file, audits it and reads what the commands read from the metadata (attributes,
+object claims size 0 loops forever in ``H5HG__cache_heap_deserialize``; other corrupt metadata crashes it). So
+another process opens the file, audits it and reads what the commands read from the metadata (attributes,
 chunk indexes, variable-length datasets); when it dies by a signal or runs out of time, the file is refused as
 corrupt (exit 1) and this process never parses it. Data is never read there.
 
-The throwaway processes are forked from a small helper interpreter (h5py only, started on first use), not from
-this process, whose page tables (large once torch is loaded) every fork would copy. The helper reads requests
-on stdin (a ``multiprocessing.connection`` socket pair) and exits when this process goes away. On Linux it also
-listens on an abstract Unix socket (a ``Listener``: nothing on disk to leave behind; only the same user is
-answered): the local pool's workers of the same command ask it there (``shared_env``) instead of each starting a
-helper of its own (an interpreter and h5py, ~0.2 s of CPU each, which a command on a 2-CPU machine pays in its
-wall time). Requests name a path and answers are a few bytes: nothing for ``shared_memory`` or ``send_handle``.
+That process, a prober, reads file after file (a fork per file cost ~16 ms of a small file's ~22 ms); it is
+forked from a small helper interpreter (h5py only, started on first use: ``rolloutcli.hdf5.probe_helper``), not
+from this process, whose page tables (large once torch is loaded) every fork would copy. The helper reads
+requests on stdin (a ``multiprocessing.connection`` socket pair) and exits when this process goes away. On Linux
+it also listens on an abstract Unix socket (a ``Listener``: nothing on disk to leave behind; only the same user
+is answered): the local pool's workers of the same command ask it there (``shared_env``) instead of each
+starting a helper of its own (an interpreter and h5py, ~0.2 s of CPU each, which a command on a 2-CPU machine
+pays in its wall time). Requests name a path and answers are a few bytes: nothing for ``shared_memory`` or
+``send_handle``.
 """
 
 from __future__ import annotations
@@ -20,18 +22,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import math
 import os
 import secrets
-import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from multiprocessing.connection import Connection, Listener, Pipe
+from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +38,9 @@ from rolloutcli.errors import EXIT_BAD_DATA, RolloutError
 
 DEFAULT_PROBE_TIMEOUT = 30.0  # seconds for one file's metadata (real files need milliseconds)
 HELPER_SLACK = 15.0  # extra seconds the helper may need to answer (its own start, the fork)
-VLEN_PROBE_BYTES = 64 << 20  # variable-length datasets up to this declared size are read by the probe
 LISTEN_WAIT = 2.0  # seconds a starting helper may take to listen on its socket
 SHARED_ENV = "ROLLOUTCLI_PROBE_HELPER"  # the socket name of a helper this process may ask (see ``shared_env``)
+HELPER_CODE = "from rolloutcli.hdf5.probe_helper import serve; serve()"  # what the helper interpreter runs
 
 
 def probe_metadata(path: Path | str, allow_external: bool = False, timeout: float | None = None) -> None:
@@ -58,7 +57,8 @@ def probe_metadata(path: Path | str, allow_external: bool = False, timeout: floa
     key = (request["path"], allow_external, identity)
     if _PROBED is not None and key in _PROBED:
         return
-    answer = _ask(request, timeout + HELPER_SLACK)
+    # a file a used prober failed on is read again by a fresh one before it is blamed: two deadlines, at most
+    answer = _ask(request, 2 * (timeout + HELPER_SLACK))
     if answer is not None and answer["status"] == "ok" and _PROBED is not None and identity is not None:
         _PROBED.add(key)
     if answer is None or answer["status"] == "ok":
@@ -82,8 +82,8 @@ _PROBED: set[tuple[Any, ...]] | None = None  # inside ``probed_once``: the files
 @contextlib.contextmanager
 def probed_once() -> Iterator[None]:
     """Inside the block, a file found sound is not probed again while it is the same file with the same size
-    and modification and change times (a dataset's work unit opens its input twice: a probe is a fork and a
-    metadata read, ~30 ms). Outside it, every open probes."""
+    and modification and change times (a dataset's work unit opens its input twice: a probe is a round trip to
+    the helper and a metadata read, a few ms). Outside it, every open probes."""
     global _PROBED
     outer, _PROBED = _PROBED, set()
     try:
@@ -116,7 +116,7 @@ class _Helper:
         self.address = f"rolloutcli-probe-{secrets.token_hex(16)}" if sys.platform.startswith("linux") else None
         self.connection, theirs = Pipe()
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from rolloutcli.hdf5.probe import serve; serve()", *filter(None, [self.address])],
+            [sys.executable, "-c", HELPER_CODE, *filter(None, [self.address])],
             stdin=theirs.fileno(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -160,7 +160,8 @@ def _connect(address: str) -> Connection:
 
 def _exchange(connection: Connection, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     """Send one request; the answer, or None when the helper is gone or did not answer in time. (The helper
-    sends each answer in one write once its child has ended, so a readable connection means it all follows.)
+    sends each answer in one write once its prober has answered or ended, so a readable connection means it
+    all follows.)
     JSON, not pickle: the socket's name is public (/proc/net/unix); who binds it after the helper must not run code."""
     with contextlib.suppress(OSError, EOFError, ValueError):
         connection.send_bytes(json.dumps(request).encode())
@@ -253,102 +254,3 @@ def _drop_shared() -> None:
 def _stop_helper() -> None:
     if _HELPER is not None:
         _HELPER.close()
-
-
-# ---------------------------------------------------------------------------------------- the helper side
-
-
-def serve() -> None:
-    """The helper's loop: requests on its stdin (a socket pair) and on each connection to the socket
-    ``sys.argv[1]`` (when given), each connection on a thread of its own; ends when its owner closes stdin."""
-    listener = None
-    if len(sys.argv) > 1:  # listening before the imports: a worker's first connection waits in the backlog
-        with contextlib.suppress(OSError):  # no socket (a sandbox may forbid it): the owner is still served
-            listener = Listener("\0" + sys.argv[1], "AF_UNIX", backlog=64)
-    import h5py  # noqa: F401 - imported once, before the forks
-
-    import rolloutcli.hdf5.audit  # noqa: F401
-
-    if listener is not None:
-        threading.Thread(target=_accept, args=(listener,), daemon=True).start()
-    _answer(Connection(sys.stdin.fileno()))
-
-
-def _accept(listener: Listener) -> None:
-    while True:
-        threading.Thread(target=_connection, args=(listener.accept(),), daemon=True).start()
-
-
-def _connection(connection: Connection) -> None:
-    with connection, socket.fromfd(connection.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as peer:
-        _, uid, _ = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        # the uid, not an authkey: ``Listener.accept`` checks that on its one thread, which a silent peer stalls
-        if uid == os.getuid():  # an abstract socket has no file permissions: another user is not answered
-            _answer(connection)
-
-
-def _answer(connection: Connection) -> None:
-    """Answer each request on ``connection`` (JSON, as in ``_exchange``) until it closes."""
-    with connection, contextlib.suppress(OSError, EOFError, ValueError):
-        while True:
-            request = json.loads(connection.recv_bytes())
-            answer = _probe_in_child(Path(request["path"]), bool(request["allow_external"]), float(request["timeout"]))
-            connection.send_bytes(json.dumps(answer).encode())
-
-
-_FORK = threading.Lock()  # one fork at a time; the forked child touches nothing the helper's threads hold
-
-
-def _probe_in_child(path: Path, allow_external: bool, timeout: float) -> dict[str, Any]:
-    """Fork a child that reads the metadata; ``{"status": "ok" | "timeout" | "signal", "signal": name}``. (Not a
-    ``concurrent.futures`` pool: its worker cannot be killed at one file's deadline, and a crash breaks the pool.)"""
-    with _FORK:
-        pid = os.fork()
-    if pid == 0:
-        try:
-            # SIGALRM's default action ends the process even inside a C loop of libhdf5
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)
-            signal.alarm(max(1, math.ceil(timeout)))
-            with contextlib.suppress(BaseException):
-                _read_metadata(path, allow_external)
-        finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    if not os.WIFSIGNALED(status):
-        return {"status": "ok"}
-    number = os.WTERMSIG(status)
-    if number == signal.SIGALRM:
-        return {"status": "timeout"}
-    return {"status": "signal", "signal": signal.Signals(number).name}
-
-
-def _read_metadata(path: Path, allow_external: bool) -> None:
-    """In the throwaway child: open, audit, then touch what commands read from the metadata (hard links)."""
-    import h5py
-
-    from rolloutcli.hdf5.audit import audit_file
-    from rolloutcli.hdf5.limits import SafetyOptions
-
-    with h5py.File(path, "r") as handle:
-        try:
-            audit_file(path, handle, SafetyOptions(allow_external=allow_external))
-        except RolloutError:
-            return  # refused: the caller refuses it too, without reading more
-        names: list[str] = []
-        handle.visititems_links(lambda name, link: names.append(name) if isinstance(link, h5py.HardLink) else None)
-        objects = [handle, *(handle[name] for name in names)]
-        # split copies committed datatypes object by object (H5Ocopy), which crashes on some corrupt ones
-        with h5py.File("probe", "w", driver="core", backing_store=False) as scratch:
-            for obj in objects:
-                if isinstance(obj, h5py.Datatype):
-                    handle.copy(obj, scratch, name=str(len(scratch)))
-        for obj in objects:
-            for key in obj.attrs:
-                obj.attrs[key]  # variable-length strings live in the global heap
-            if not isinstance(obj, h5py.Dataset) or obj.external or obj.is_virtual:
-                continue
-            if obj.chunks is not None:
-                obj.id.chunk_iter(lambda info: None)  # walks the chunk index
-            if h5py.check_vlen_dtype(obj.dtype) is not None or obj.dtype.kind == "O":
-                if obj.size * obj.dtype.itemsize <= VLEN_PROBE_BYTES:
-                    obj[()]

@@ -1,6 +1,6 @@
 """Open untrusted HDF5 files safely, and turn libhdf5's failures into one-line ``RolloutError``s.
 
-``open_hdf5`` opens read-only, regular files only: the metadata is first read in a throwaway child
+``open_hdf5`` opens read-only, regular files only: the metadata is first read in a child process, a prober
 (:mod:`rolloutcli.hdf5.probe`), then the file is audited (:mod:`rolloutcli.hdf5.audit`) before any data is read.
 """
 

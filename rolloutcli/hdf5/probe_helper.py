@@ -1,0 +1,194 @@
+"""The metadata probe's helper interpreter: long-lived probers, forked from it, read untrusted files one by one.
+
+``rolloutcli.hdf5.probe`` (the client) starts it and says why (a libhdf5 crash or hang on a corrupt file must not
+take the command down). Each connection, the owner's stdin or a pool worker's on the abstract socket, gets a
+prober of its own: a child forked from this small interpreter (h5py only) that reads one requested file's
+metadata after another, each under its own deadline (an alarm), and answers after each. When it dies by a signal
+or overruns, the file is read once more by a fresh prober before it is blamed (an earlier file may have damaged
+libhdf5's global state in the old one); the next file goes to a fresh prober too. Data is never read there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+from multiprocessing.connection import Connection, Listener, Pipe
+from pathlib import Path
+from typing import Any
+
+from rolloutcli.errors import RolloutError
+
+VLEN_PROBE_BYTES = 64 << 20  # variable-length datasets up to this declared size are read by the probe
+PROBER_SLACK = 5.0  # seconds past a file's alarm before the helper kills a prober that is still alive itself
+
+
+def serve() -> None:
+    """The helper's loop: requests on its stdin (a socket pair) and on each connection to the socket
+    ``sys.argv[1]`` (when given), each connection on a thread of its own; ends when its owner closes stdin."""
+    listener = None
+    if len(sys.argv) > 1:  # listening before the imports: a worker's first connection waits in the backlog
+        with contextlib.suppress(OSError):  # no socket (a sandbox may forbid it): the owner is still served
+            listener = Listener("\0" + sys.argv[1], "AF_UNIX", backlog=64)
+    import h5py  # noqa: F401 - imported once, before the forks
+
+    import rolloutcli.hdf5.audit  # noqa: F401
+
+    if listener is not None:
+        threading.Thread(target=_accept, args=(listener,), daemon=True).start()
+    _answer(Connection(sys.stdin.fileno()))
+    for pid in list(_PROBERS):  # the workers' probers end with the helper too, even one in a file's C loop
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _accept(listener: Listener) -> None:
+    while True:
+        threading.Thread(target=_connection, args=(listener.accept(),), daemon=True).start()
+
+
+def _connection(connection: Connection) -> None:
+    with connection, socket.fromfd(connection.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+        _, uid, _ = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        # the uid, not an authkey: ``Listener.accept`` checks that on its one thread, which a silent peer stalls
+        if uid == os.getuid():  # an abstract socket has no file permissions: another user is not answered
+            _answer(connection)
+
+
+def _answer(connection: Connection) -> None:
+    """Answer each request on ``connection`` (JSON, as in ``probe._exchange``) until it closes, through a prober
+    of its own: a connection's requests come one at a time, so one prober serves them all, file after file."""
+    prober: _Prober | None = None
+    with connection, contextlib.suppress(OSError, EOFError, ValueError):
+        try:
+            while True:
+                request = json.loads(connection.recv_bytes())
+                answer, prober = _verdict(prober, request)
+                connection.send_bytes(json.dumps(answer).encode())
+        finally:
+            if prober is not None:
+                prober.end()
+
+
+def _verdict(prober: _Prober | None, request: dict[str, Any]) -> tuple[dict[str, Any], _Prober | None]:
+    """The answer for one file, and the prober for the next (None: fork a fresh one). A prober that ended on a
+    file it was not the first to read may have been damaged by an earlier file (libhdf5's global state): the
+    file is read once more by a fresh prober, whose verdict stands, so an innocent file is never blamed."""
+    if prober is not None:
+        answer = prober.ask(request)
+        if not prober.ended:
+            return answer, prober
+    prober = _Prober()
+    answer = prober.ask(request)
+    return answer, None if prober.ended else prober
+
+
+_FORK = threading.Lock()  # one fork at a time (see ``_Prober``); the child touches nothing the helper's threads hold
+_PROBERS: set[int] = set()  # the live probers' pids, killed when the helper ends
+
+
+class _Prober:
+    """A child of the helper that reads the metadata of file after file, each under its own deadline, and answers
+    ``b"ok"`` after each. (Not a ``concurrent.futures`` pool: its worker cannot be killed at one file's deadline,
+    and a crash breaks the pool.) Idle, it waits on its socket; it ends when the helper closes it or goes away."""
+
+    def __init__(self) -> None:
+        # the socket pair is made and the prober's end closed under the lock, so no other prober forked by another
+        # thread holds a copy of that end: its end-of-file here then means this prober has ended
+        with _FORK:
+            self.connection, theirs = Pipe()
+            pid = os.fork()
+            if pid != 0:
+                theirs.close()
+        if pid == 0:
+            self.connection.close()
+            _read_requests(theirs)
+        self.pid, self.ended = pid, False
+        _PROBERS.add(pid)
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``{"status": "ok" | "timeout" | "signal", "signal": name}`` for one file; ``ended`` is set when the
+        prober did not answer (it is then gone, and the status says how it ended)."""
+        overran = False
+        with contextlib.suppress(OSError, EOFError, ValueError):
+            self.connection.send_bytes(json.dumps(request).encode())
+            # its own alarm ends it at the file's deadline; this wait is the backstop (a stopped prober)
+            if self.connection.poll(_alarm(float(request["timeout"])) + PROBER_SLACK):
+                self.connection.recv_bytes()  # its answer, or end-of-file when it died (EOFError)
+                return {"status": "ok"}
+            overran = True
+        return self.end(overran)
+
+    def end(self, overran: bool = False) -> dict[str, Any]:
+        """Kill the prober (an idle one, or one past its backstop) and say how it ended."""
+        self.ended = True
+        self.connection.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)  # not reaped yet: the pid is still this child's
+        _, status = os.waitpid(self.pid, 0)
+        _PROBERS.discard(self.pid)
+        if overran or (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM):
+            return {"status": "timeout"}
+        if not os.WIFSIGNALED(status):
+            return {"status": "ok"}  # only a signal or an overrun blames the file (as with a child per file)
+        number = os.WTERMSIG(status)
+        return {"status": "signal", "signal": signal.Signals(number).name}
+
+
+def _alarm(timeout: float) -> int:
+    return max(1, math.ceil(timeout))
+
+
+def _read_requests(connection: Connection) -> None:
+    """The prober's loop (in the forked child; never returns): read each requested file's metadata and answer."""
+    try:
+        # SIGALRM's default action ends the process even inside a C loop of libhdf5
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        with contextlib.suppress(BaseException):
+            while True:
+                request = json.loads(connection.recv_bytes())
+                signal.alarm(_alarm(float(request["timeout"])))
+                with contextlib.suppress(BaseException):
+                    _read_metadata(Path(request["path"]), bool(request["allow_external"]))
+                signal.alarm(0)
+                connection.send_bytes(b"ok")
+    finally:
+        os._exit(0)
+
+
+def _read_metadata(path: Path, allow_external: bool) -> None:
+    """In the prober: open, audit, then touch what commands read from the metadata (hard links)."""
+    import h5py
+
+    from rolloutcli.hdf5.audit import audit_file
+    from rolloutcli.hdf5.limits import SafetyOptions
+
+    with h5py.File(path, "r") as handle:
+        try:
+            audit_file(path, handle, SafetyOptions(allow_external=allow_external))
+        except RolloutError:
+            return  # refused: the caller refuses it too, without reading more
+        names: list[str] = []
+        handle.visititems_links(lambda name, link: names.append(name) if isinstance(link, h5py.HardLink) else None)
+        objects = [handle, *(handle[name] for name in names)]
+        # split copies committed datatypes object by object (H5Ocopy), which crashes on some corrupt ones
+        with h5py.File("probe", "w", driver="core", backing_store=False) as scratch:
+            for obj in objects:
+                if isinstance(obj, h5py.Datatype):
+                    handle.copy(obj, scratch, name=str(len(scratch)))
+        for obj in objects:
+            for key in obj.attrs:
+                obj.attrs[key]  # variable-length strings live in the global heap
+            if not isinstance(obj, h5py.Dataset) or obj.external or obj.is_virtual:
+                continue
+            if obj.chunks is not None:
+                obj.id.chunk_iter(lambda info: None)  # walks the chunk index
+            if h5py.check_vlen_dtype(obj.dtype) is not None or obj.dtype.kind == "O":
+                if obj.size * obj.dtype.itemsize <= VLEN_PROBE_BYTES:
+                    obj[()]
