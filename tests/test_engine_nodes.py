@@ -1,0 +1,128 @@
+"""The Ray engine on a cluster of several nodes on this machine (conftest's ``ray_cluster``: two nodes of one CPU).
+
+Units land on every node and give the bytes of one local worker (``gae``, ``batch``); a task whose worker dies,
+or whose node is lost mid-write, is retried to the same bytes; ``--address`` names the cluster or fails in one
+line. A node is lost as a machine is: ``Cluster.remove_node`` without grace (SIGKILL to its raylet and workers),
+on a node the test added, so the shared cluster keeps its two nodes for the tests after it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_engines
+from rollout_factory import rollout_arrays, write_rollout
+from test_engines import dying_once, gae_files, run, tree
+
+from rolloutcli.pipeline import engine
+from rolloutcli.pipeline.dataset_job import partial_folder
+from rolloutcli.pipeline.engine import EngineOptions
+
+STORE = 80 * 2**20  # the object store of a node a test adds
+
+
+@pytest.fixture
+def ray_cluster(ray_cluster):
+    """The session's two-node cluster (conftest), with the units of these tests pickled by value for its workers
+    (they do not import the test modules)."""
+    ray, address = ray_cluster
+    for module in (sys.modules[__name__], test_engines):
+        ray.cloudpickle.register_pickle_by_value(module)
+    return ray, address
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for i, (T, N) in enumerate([(12, 3), (20, 2), (12, 4), (8, 5)]):
+        write_rollout(folder / f"r{i}.h5", rollout_arrays(T=T, N=N, seed=i))
+    return folder
+
+
+def on_nodes(log: Path, doomed: str = "") -> Callable[..., Any]:
+    """``engine._call`` for Ray's tasks that appends the task's node to ``log``, then waits (30 s at most) until
+    units run on two nodes at once (each node has one CPU), so the check that units land on several nodes does
+    not depend on how soon a node asks for the next task.
+
+    With ``doomed`` (a node's id) the units elsewhere wait instead until one runs on that node. There it pauses
+    mid-write (the test hook; ``gae``'s units) or, a unit without the hook (``batch``'s), once its work is done,
+    before its result comes back; its process then writes its pid to ``log``'s ``.doomed`` file, and sleeps."""
+
+    def call(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str]) -> Any:
+        import ray
+
+        from rolloutcli.pipeline import engine as real
+        from rolloutcli.pipeline import progress
+
+        node = ray.get_runtime_context().get_node_id()
+        with open(log, "a") as handle:
+            handle.write(f"{node}\n")
+        marker = log.with_suffix(".doomed")
+        if node == doomed:
+            progress.pause_for_test = lambda seconds: (marker.write_text(str(os.getpid())), time.sleep(seconds))
+            result = real._call(fn, args, {**env, progress.TEST_PAUSE_ENV: "120"})
+            progress.pause_for_test(120)
+            return result
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (marker.exists() if doomed else len(nodes_used(log)) > 1):
+            time.sleep(0.05)
+        return real._call(fn, args, env)
+
+    return call
+
+
+def nodes_used(log: Path) -> set[str]:
+    return set(log.read_text().split())
+
+
+def alive(ray: Any) -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+def test_ray_two_nodes_same_bytes_and_a_dying_task_retried(
+    ray_cluster, runs: Path, tmp_path: Path, monkeypatch
+) -> None:
+    ray, _ = ray_cluster
+    assert len(alive(ray)) == 2
+    run(runs, tmp_path / "local", EngineOptions())
+    log = tmp_path / "nodes.log"
+    monkeypatch.setattr(engine, "_call", on_nodes(log))
+    run(runs, tmp_path / "ray", EngineOptions(engine="ray"))
+    assert nodes_used(log) == alive(ray)  # both nodes ran units
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    marker = tmp_path / "marker"
+    run(runs, tmp_path / "retried", EngineOptions(engine="ray"), lambda s, o: (dying_once, (marker, s, o)))
+    assert marker.exists() and tree(tmp_path / "retried") == tree(tmp_path / "local")
+
+
+def test_ray_cli_and_unreachable_address(ray_cluster, cli, runs: Path, tmp_path: Path) -> None:
+    _, address = ray_cluster
+    assert cli("gae", runs, "-o", tmp_path / "local")[0] == 0
+    ray_args = ["--engine", "ray", "--address", address, "--no-hdf5-locking"]
+    code, _, err = cli("gae", runs, "-o", tmp_path / "ray", *ray_args)
+    assert code == 0, err
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    code, _, err = cli("gae", runs, "-o", tmp_path / "x", "--engine", "ray", "--address", "127.0.0.1:9")
+    assert code == 3 and "127.0.0.1:9: cannot reach the Ray cluster" in err
+    assert not (tmp_path / "x").exists() and not partial_folder(tmp_path / "x").exists()
+
+
+def test_batch_on_ray_same_bytes(ray_cluster, cli, runs: Path, tmp_path: Path, monkeypatch) -> None:
+    ray, address = ray_cluster
+    data = gae_files(cli, runs, tmp_path / "gae")
+    args = ["-m", 4, "--epochs", 2, "--max-memory", "16K"]
+    assert cli("batch", data, "-o", tmp_path / "local", *args)[0] == 0
+    log = tmp_path / "nodes.log"
+    monkeypatch.setattr(engine, "_call", on_nodes(log))
+    code, _, err = cli("batch", data, "-o", tmp_path / "ray", *args, "--engine", "ray", "--address", address)
+    assert code == 0, err
+    assert nodes_used(log) == alive(ray)  # both nodes ran units
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gae", "local", "nodes.log", "ray", "runs"]
