@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import test_engines
 from rollout_factory import rollout_arrays, write_rollout
+from test_engine_stops import _still_running
 from test_engines import dying_once, gae_files, run, tree
 
 from rolloutcli.pipeline import engine
@@ -126,3 +128,48 @@ def test_batch_on_ray_same_bytes(ray_cluster, cli, runs: Path, tmp_path: Path, m
     assert nodes_used(log) == alive(ray)  # both nodes ran units
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gae", "local", "nodes.log", "ray", "runs"]
+
+
+def _remove_when_marked(cluster: Any, node: Any, marker: Path) -> threading.Thread:
+    """Remove ``node`` without grace once ``marker`` exists (after 60 s without it: the test fails on its own)."""
+
+    def remove() -> None:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cluster.remove_node(node, allow_graceful=False)
+
+    thread = threading.Thread(target=remove, name="remove-node", daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_node_lost_mid_unit_ends_with_the_same_bytes(
+    ray_cluster, ray_nodes, cli, runs: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A third node joins; a unit that runs on it stops there mid-write, and the node is lost. The command ends
+    with the bytes of one local worker: Ray retries the lost task on the other nodes (the unit rewrites its whole
+    output; the lost attempt's temporary is not published), or it exits 3 and ``--resume`` finishes them. The
+    lost node's worker ends, and the cluster has its two nodes again. (``batch``, and nodes lost at random
+    moments: tests/fuzz/kill_loop.py.)"""
+    ray, address = ray_cluster
+    assert cli("gae", runs, "-o", tmp_path / "local")[0] == 0
+    node = ray_nodes.add_node(num_cpus=1, object_store_memory=STORE)
+    ray_nodes.wait_for_nodes()
+    log = tmp_path / "nodes.log"
+    monkeypatch.setattr(engine, "_call", on_nodes(log, doomed=node.node_id))
+    remover = _remove_when_marked(ray_nodes, node, log.with_suffix(".doomed"))
+    try:
+        code, _, err = cli("gae", runs, "-o", tmp_path / "ray", "--engine", "ray", "--address", address)
+    finally:
+        remover.join()
+    assert node.node_id in nodes_used(log) and len(nodes_used(log)) == 3, err  # the lost node ran a unit
+    if code == 3:  # Ray gave the task up
+        code, _, err = cli("gae", runs, "-o", tmp_path / "ray", "--engine", "ray", "--address", address, "--resume")
+    assert code == 0, err
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    assert _still_running({int(log.with_suffix(".doomed").read_text())}) == []
+    deadline = time.monotonic() + 60  # until the cluster has seen the node go (health checks: conftest)
+    while len(alive(ray)) > 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(alive(ray)) == 2

@@ -95,8 +95,8 @@ def _reusable(tmp: Path, record: dict[str, Any], dataset: Dataset) -> dict[str, 
 
 
 def _drop_temporaries(tmp: Path) -> None:
-    """Remove what units of a killed run were writing into ``tmp`` (``.<name>.rolloutcli-tmp-*``: a SIGKILL
-    removes nothing), so the resumed run never publishes it."""
+    """Remove what units of a killed run, or attempts lost with their node, were writing into ``tmp``
+    (``.<name>.rolloutcli-tmp-*``: a SIGKILL removes nothing), so it is never published."""
     for path in sorted(tmp.rglob(f"*{TEMP_MARKER}*")):
         if path.is_file() or path.is_symlink():
             path.unlink(missing_ok=True)
@@ -193,6 +193,7 @@ def run_dataset(
         raise
     finally:
         close_pools()
+    _drop_temporaries(tmp)  # an attempt lost with its node (Ray then retried its unit) left what it was writing
     _write_record(tmp, {**record, **entries()})
     _publish(tmp, dst, overwrite)
     return {
