@@ -20,11 +20,13 @@ import pytest
 import test_engines
 from rollout_factory import rollout_arrays, write_rollout
 from test_engine_stops import _still_running
-from test_engines import dying_once, gae_files, run, tree
+from test_engines import OPTIONS, RUN, dying_once, gae_files, run, tree
 
+from rolloutcli.hdf5.atomic import TEMP_MARKER
 from rolloutcli.pipeline import engine
 from rolloutcli.pipeline.dataset_job import partial_folder
 from rolloutcli.pipeline.engine import EngineOptions
+from rolloutcli.pipeline.gae import run_gae
 
 STORE = 80 * 2**20  # the object store of a node a test adds
 
@@ -54,12 +56,13 @@ def on_nodes(log: Path, doomed: str = "") -> Callable[..., Any]:
     not depend on how soon a node asks for the next task.
 
     With ``doomed`` (a node's id) the units elsewhere wait instead until one runs on that node. There it pauses
-    mid-write (the test hook; ``gae``'s units) or, a unit without the hook (``batch``'s), once its work is done,
-    before its result comes back; its process then writes its pid to ``log``'s ``.doomed`` file, and sleeps."""
+    mid-write (the test hook of a dataset's units), after writing its pid and the temporaries it is writing to
+    ``log``'s ``.doomed`` file."""
 
     def call(fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str]) -> Any:
         import ray
 
+        from rolloutcli.hdf5.atomic import live_temporaries
         from rolloutcli.pipeline import engine as real
         from rolloutcli.pipeline import progress
 
@@ -68,16 +71,29 @@ def on_nodes(log: Path, doomed: str = "") -> Callable[..., Any]:
             handle.write(f"{node}\n")
         marker = log.with_suffix(".doomed")
         if node == doomed:
-            progress.pause_for_test = lambda seconds: (marker.write_text(str(os.getpid())), time.sleep(seconds))
-            result = real._call(fn, args, {**env, progress.TEST_PAUSE_ENV: "120"})
-            progress.pause_for_test(120)
-            return result
+
+            def announce(seconds: float) -> None:
+                marker.write_text(" ".join([str(os.getpid()), *live_temporaries()]))
+                time.sleep(seconds)
+
+            progress.pause_for_test = announce
+            return real._call(fn, args, {**env, progress.TEST_PAUSE_ENV: "120"})
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (marker.exists() if doomed else len(nodes_used(log)) > 1):
             time.sleep(0.05)
         return real._call(fn, args, env)
 
     return call
+
+
+def dying_once_after_writing(marker: Path, src: Path, out: Path) -> dict:
+    """A unit whose process dies the first time it runs once it wrote its output (as a node lost before the
+    result came back), then does its work again."""
+    result = run_gae(src, out, OPTIONS, RUN)
+    if src.name == "r1.h5" and not marker.exists():
+        marker.write_text("died once")
+        os._exit(1)
+    return result
 
 
 def nodes_used(log: Path) -> set[str]:
@@ -102,6 +118,10 @@ def test_ray_two_nodes_same_bytes_and_a_dying_task_retried(
     marker = tmp_path / "marker"
     run(runs, tmp_path / "retried", EngineOptions(engine="ray"), lambda s, o: (dying_once, (marker, s, o)))
     assert marker.exists() and tree(tmp_path / "retried") == tree(tmp_path / "local")
+    marker = tmp_path / "marker_after"  # run again, the unit replaces the output it wrote (was: exit 2, exists)
+    unit = (dying_once_after_writing,)
+    run(runs, tmp_path / "again", EngineOptions(engine="ray"), lambda s, o: (*unit, (marker, s, o)))
+    assert marker.exists() and tree(tmp_path / "again") == tree(tmp_path / "local")
 
 
 def test_ray_cli_and_unreachable_address(ray_cluster, cli, runs: Path, tmp_path: Path) -> None:
@@ -148,27 +168,28 @@ def test_a_node_lost_mid_unit_ends_with_the_same_bytes(
     ray_cluster, ray_nodes, cli, runs: Path, tmp_path: Path, monkeypatch
 ) -> None:
     """A third node joins; a unit that runs on it stops there mid-write, and the node is lost. The command ends
-    with the bytes of one local worker: Ray retries the lost task on the other nodes (the unit rewrites its whole
-    output; the lost attempt's temporary is not published), or it exits 3 and ``--resume`` finishes them. The
-    lost node's worker ends, and the cluster has its two nodes again. (``batch``, and nodes lost at random
-    moments: tests/fuzz/kill_loop.py.)"""
+    with the bytes of one local worker: Ray retries the lost task on the other nodes (the lost attempt's temporary
+    is not published), or it exits 3 and ``--resume`` finishes them. The lost node's worker ends, and the cluster
+    has its two nodes again. (``batch``, and nodes lost at random moments: tests/fuzz/kill_loop.py.)"""
     ray, address = ray_cluster
     assert cli("gae", runs, "-o", tmp_path / "local")[0] == 0
     node = ray_nodes.add_node(num_cpus=1, object_store_memory=STORE)
     ray_nodes.wait_for_nodes()
-    log = tmp_path / "nodes.log"
+    log, marker = tmp_path / "nodes.log", tmp_path / "nodes.doomed"
     monkeypatch.setattr(engine, "_call", on_nodes(log, doomed=node.node_id))
-    remover = _remove_when_marked(ray_nodes, node, log.with_suffix(".doomed"))
+    remover = _remove_when_marked(ray_nodes, node, marker)
     try:
         code, _, err = cli("gae", runs, "-o", tmp_path / "ray", "--engine", "ray", "--address", address)
     finally:
         remover.join()
+    pid, *writing = marker.read_text().split()
     assert node.node_id in nodes_used(log) and len(nodes_used(log)) == 3, err  # the lost node ran a unit
+    assert len(writing) == 1 and TEMP_MARKER in writing[0]  # lost mid-write
     if code == 3:  # Ray gave the task up
         code, _, err = cli("gae", runs, "-o", tmp_path / "ray", "--engine", "ray", "--address", address, "--resume")
     assert code == 0, err
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
-    assert _still_running({int(log.with_suffix(".doomed").read_text())}) == []
+    assert _still_running({int(pid)}) == []
     deadline = time.monotonic() + 60  # until the cluster has seen the node go (health checks: conftest)
     while len(alive(ray)) > 2 and time.monotonic() < deadline:
         time.sleep(0.1)

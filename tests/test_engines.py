@@ -65,6 +65,16 @@ def failing_once(marker: Path, src: Path, out: Path) -> dict:
     return run_gae(src, out, OPTIONS, RUN)
 
 
+def failing_once_after_writing(marker: Path, src: Path, out: Path) -> dict:
+    """A unit whose first attempt writes its output, then fails with an I/O error (the file system failing as
+    the output is hashed; a Ray task whose node is lost before its result comes back is run again likewise)."""
+    result = run_gae(src, out, OPTIONS, RUN)
+    if src.name == "r1.h5" and not marker.exists():
+        marker.write_text("failed once")
+        raise OSError(5, "injected I/O error")
+    return result
+
+
 def run(runs: Path, dst: Path, engine: EngineOptions, unit=gae_unit) -> dict:
     return run_dataset(resolve([runs]), dst, "gae", {}, unit, engine)
 
@@ -76,6 +86,9 @@ def test_local_workers_1_and_2_same_bytes_and_a_retried_unit(runs: Path, tmp_pat
     marker = tmp_path / "marker"
     run(runs, tmp_path / "retried", EngineOptions(workers=2), lambda s, o: (failing_once, (marker, s, o)))
     assert marker.exists() and tree(tmp_path / "retried") == tree(tmp_path / "w1")
+    marker = tmp_path / "marker_after"  # run again, the unit replaces the output its first attempt wrote
+    run(runs, tmp_path / "again", EngineOptions(workers=2), lambda s, o: (failing_once_after_writing, (marker, s, o)))
+    assert marker.exists() and tree(tmp_path / "again") == tree(tmp_path / "w1")
 
 
 def test_local_worker_dying_publishes_nothing(runs: Path, tmp_path: Path) -> None:

@@ -115,12 +115,16 @@ def hashed_unit(
 ) -> dict[str, Any]:
     """A dataset's work unit: check that ``src``'s per-step fields agree with the first file's, run the
     command's unit ``fn(*args)`` writing ``out`` from ``src``, then return the entries of both for
-    ``dataset.json``. The check and the hashing run in the workers, in parallel; the file is probed once."""
+    ``dataset.json``. The check and the hashing run in the workers, in parallel; the file is probed once. Run
+    again (Ray retries a task whose node was lost after it wrote ``out``; an ``OSError`` while hashing), it
+    replaces the ``out`` of the earlier attempt: the command's unit refused it as an existing output (exit 2)."""
     first, expected, safety = base
     with probed_once():
         if expected is not None and src != first:
             check_agrees(first, expected, src, signature(src, safety)[0])
         source = _input_entry(src, name)
+        if os.path.lexists(out):
+            os.unlink(out)
         fn(*args, **unit_progress())
     return {"input": source, "output": _entry(out, name)}
 
