@@ -22,6 +22,7 @@ from rollout_factory import rollout_arrays, write_rollout
 from test_engine_stops import _still_running
 from test_engines import OPTIONS, RUN, dying_once, gae_files, run, tree
 
+from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5.atomic import TEMP_MARKER
 from rolloutcli.pipeline import engine
 from rolloutcli.pipeline.dataset_job import partial_folder
@@ -96,6 +97,23 @@ def dying_once_after_writing(marker: Path, src: Path, out: Path) -> dict:
     return result
 
 
+def failing_while_another_runs(folder: Path, src: Path, out: Path) -> dict:
+    """r0's unit fails (exit 1) once r1's has started; r1's waits (60 s), noting in ``folder`` when it ends."""
+    if src.name == "r1.h5":
+        (folder / "r1.started").touch()
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            (folder / "r1.ended").touch()
+    if src.name == "r0.h5":
+        while not (folder / "r1.started").exists():
+            time.sleep(0.05)
+        raise RolloutError(f"{src}: injected failure.", exit_code=1)
+    return run_gae(src, out, OPTIONS, RUN)
+
+
 def nodes_used(log: Path) -> set[str]:
     return set(log.read_text().split())
 
@@ -122,6 +140,15 @@ def test_ray_two_nodes_same_bytes_and_a_dying_task_retried(
     unit = (dying_once_after_writing,)
     run(runs, tmp_path / "again", EngineOptions(engine="ray"), lambda s, o: (*unit, (marker, s, o)))
     assert marker.exists() and tree(tmp_path / "again") == tree(tmp_path / "local")
+
+
+def test_a_failed_ray_run_cancels_its_running_tasks(ray_cluster, runs: Path, tmp_path: Path) -> None:
+    """A unit fails while another runs on the other node: the command fails with the unit's error once the
+    running task was cancelled and had ended (it ran on for a minute, writing into the folder being removed)."""
+    unit = (failing_while_another_runs,)
+    with pytest.raises(RolloutError, match="injected failure") as error:
+        run(runs, tmp_path / "out", EngineOptions(engine="ray"), lambda s, o: (*unit, (tmp_path, s, o)))
+    assert error.value.exit_code == 1 and (tmp_path / "r1.ended").exists()
 
 
 def test_ray_cli_and_unreachable_address(ray_cluster, cli, runs: Path, tmp_path: Path) -> None:
