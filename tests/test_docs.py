@@ -14,8 +14,16 @@ WRITES = {
 }
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+ON_RAY = [p for p in PAGES if "--engine ray" in p.read_text()]  # run with the other tests on the cluster
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p not in ON_RAY], ids=lambda p: p.name)
 def test_every_block_runs(page: Path, tmp_path: Path, cli, monkeypatch, request) -> None:
     run_blocks(page, blocks(page), cli, tmp_path, monkeypatch, request)
     for name in WRITES.get(page.name, []):  # the examples wrote what they say
         assert (tmp_path / name).is_file(), name
+
+
+@pytest.mark.parametrize("page", ON_RAY, ids=lambda p: p.name)
+def test_every_block_runs_on_the_test_cluster(page: Path, tmp_path: Path, cli, monkeypatch, request, ray_cluster):
+    test_every_block_runs(page, tmp_path, cli, monkeypatch, request)

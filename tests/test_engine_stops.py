@@ -153,6 +153,74 @@ def test_a_signal_after_finished_files_names_the_partial_folder(runs: Path, tmp_
     }
 
 
+PAUSED = "rolloutcli: test pause after block 1"
+
+
+def test_a_pool_worker_killed_mid_unit_exits_3_and_resume_gives_the_same_bytes(runs: Path, tmp_path: Path, cli):
+    """SIGKILL to one worker of a local pool while it writes its unit's output (the OOM killer, ``kill -9``),
+    once a file is done: exit 3 with one line, nothing published, no process of the command left (workers, their
+    process server, the probe helper); ``--resume`` keeps the finished file, drops the dead unit's temporary and
+    finishes the bytes of one worker."""
+    out = tmp_path / "out"
+    process = _paused_job(["gae", str(runs), "-o", str(out), "--workers", "2"], pause=2)
+    try:
+        assert process.stderr is not None
+        for _ in range(3):  # the third unit has started: a worker finished its first file
+            line = process.stderr.readline()
+            assert line.startswith(PAUSED), line
+        started = _descendants(process.pid)
+        os.kill(int(line.split("(pid ", 1)[1].split(",", 1)[0]), signal.SIGKILL)  # in its unit's pause
+        process.wait(timeout=60)
+        rest = [text for text in process.stderr.read().splitlines() if not text.startswith(PAUSED)]
+    finally:
+        _kill_group(process.pid)
+    died = "--engine local: a worker process died (out of memory or killed); nothing was published."
+    assert process.returncode == 3 and len(rest) == 1 and died in rest[0], rest
+    assert _still_running(started) == []
+    assert not out.exists() and "r0.h5" in os.listdir(partial_folder(out))
+    assert cli("gae", runs, "-o", out, "--resume", "--workers", 2)[0] == 0
+    assert cli("gae", runs, "-o", tmp_path / "one")[0] == 0
+    assert _files(out) == _files(tmp_path / "one")
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes ``pid`` started, and the ones they started (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _still_running(pids: set[int], within: float = 30.0) -> list[int]:
+    """Those of ``pids`` still running (not zombies) after waiting up to ``within`` seconds for them to end."""
+    deadline = time.monotonic() + within
+    while True:
+        running = []
+        for pid in sorted(pids):
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state != "Z":
+                running.append(pid)
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)
+
+
 def _die() -> None:
     os._exit(1)
 

@@ -1,4 +1,4 @@
-"""Engines: the same bytes for local with 1 or K workers and Ray (a two-node local cluster), retries, failures."""
+"""Local engines: the same bytes for 1 or K workers, retries, failures (Ray's cluster: tests/test_engine_nodes.py)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,6 @@ from rolloutcli.pipeline.gae import GaeOptions, run_gae
 from rolloutcli.pipeline.options import RunOptions
 
 OPTIONS, RUN = GaeOptions(), RunOptions()
-
-
-@pytest.fixture
-def ray_cluster(ray_cluster):
-    """The session's two-node cluster (conftest), with this file's units pickled by value for its workers."""
-    ray, _ = ray_cluster
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    return ray
 
 
 @pytest.fixture
@@ -73,38 +65,18 @@ def failing_once(marker: Path, src: Path, out: Path) -> dict:
     return run_gae(src, out, OPTIONS, RUN)
 
 
+def failing_once_after_writing(marker: Path, src: Path, out: Path) -> dict:
+    """A unit whose first attempt writes its output, then fails with an I/O error (the file system failing as
+    the output is hashed; a Ray task whose node is lost before its result comes back is run again likewise)."""
+    result = run_gae(src, out, OPTIONS, RUN)
+    if src.name == "r1.h5" and not marker.exists():
+        marker.write_text("failed once")
+        raise OSError(5, "injected I/O error")
+    return result
+
+
 def run(runs: Path, dst: Path, engine: EngineOptions, unit=gae_unit) -> dict:
     return run_dataset(resolve([runs]), dst, "gae", {}, unit, engine)
-
-
-def test_ray_two_nodes_same_bytes_and_a_dying_task_retried(ray_cluster, runs: Path, tmp_path: Path) -> None:
-    assert len([n for n in ray_cluster.nodes() if n["Alive"]]) == 2
-    run(runs, tmp_path / "local", EngineOptions())
-    run(runs, tmp_path / "ray", EngineOptions(engine="ray"))
-    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
-    marker = tmp_path / "marker"
-    run(runs, tmp_path / "retried", EngineOptions(engine="ray"), lambda s, o: (dying_once, (marker, s, o)))
-    assert marker.exists() and tree(tmp_path / "retried") == tree(tmp_path / "local")
-
-
-def test_ray_cli_and_unreachable_address(ray_cluster, cli, runs: Path, tmp_path: Path) -> None:
-    assert cli("gae", runs, "-o", tmp_path / "local")[0] == 0
-    code, _, err = cli("gae", runs, "-o", tmp_path / "ray", "--engine", "ray", "--no-hdf5-locking")
-    assert code == 0, err
-    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
-    code, _, err = cli("gae", runs, "-o", tmp_path / "x", "--engine", "ray", "--address", "127.0.0.1:9")
-    assert code == 3 and "127.0.0.1:9: cannot reach the Ray cluster" in err
-    assert not (tmp_path / "x").exists() and not partial_folder(tmp_path / "x").exists()
-
-
-def test_batch_on_ray_same_bytes(ray_cluster, cli, runs: Path, tmp_path: Path) -> None:
-    data = gae_files(cli, runs, tmp_path / "gae")
-    args = ["-m", 4, "--epochs", 2, "--max-memory", "16K"]
-    assert cli("batch", data, "-o", tmp_path / "local", *args)[0] == 0
-    code, _, err = cli("batch", data, "-o", tmp_path / "ray", *args, "--engine", "ray")
-    assert code == 0, err
-    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gae", "local", "ray", "runs"]
 
 
 def test_local_workers_1_and_2_same_bytes_and_a_retried_unit(runs: Path, tmp_path: Path) -> None:
@@ -114,6 +86,9 @@ def test_local_workers_1_and_2_same_bytes_and_a_retried_unit(runs: Path, tmp_pat
     marker = tmp_path / "marker"
     run(runs, tmp_path / "retried", EngineOptions(workers=2), lambda s, o: (failing_once, (marker, s, o)))
     assert marker.exists() and tree(tmp_path / "retried") == tree(tmp_path / "w1")
+    marker = tmp_path / "marker_after"  # run again, the unit replaces the output its first attempt wrote
+    run(runs, tmp_path / "again", EngineOptions(workers=2), lambda s, o: (failing_once_after_writing, (marker, s, o)))
+    assert marker.exists() and tree(tmp_path / "again") == tree(tmp_path / "w1")
 
 
 def test_local_worker_dying_publishes_nothing(runs: Path, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ Every test iterates ``promises.COMMANDS``. Signals and file-size limits need a r
 ``python -m rolloutcli`` children, all at once from a module fixture (each child spends ~2 s importing torch),
 and assert per case. The mid-write moment is made deterministic by the test hook of ``rolloutcli/pipeline/progress.py``:
 with ``ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK=<s>`` a command prints ``rolloutcli: test pause after block 1
-(writing <temporary>)`` on stderr after its first block and sleeps, and the test signals it then.
+(pid P, writing <temporary>)`` on stderr after its first block and sleeps, and the test signals it then.
 
 Permission tests (a folder or an input without write permission) pass vacuously as root, so they are skipped
 when ``os.geteuid() == 0``; everything else runs unprivileged.

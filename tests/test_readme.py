@@ -41,7 +41,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_every_example_runs(tmp_path: Path, cli, monkeypatch, request) -> None:
+def test_every_example_runs(tmp_path: Path, cli, monkeypatch, request, ray_cluster) -> None:
     found = blocks(README)[2:]
     assert sum(language == "python" for language, _ in found) >= 3
     run_blocks(README, found, cli, tmp_path, monkeypatch, request)

@@ -95,8 +95,8 @@ def _reusable(tmp: Path, record: dict[str, Any], dataset: Dataset) -> dict[str, 
 
 
 def _drop_temporaries(tmp: Path) -> None:
-    """Remove what units of a killed run were writing into ``tmp`` (``.<name>.rolloutcli-tmp-*``: a SIGKILL
-    removes nothing), so the resumed run never publishes it."""
+    """Remove what units of a killed run, or attempts lost with their node, were writing into ``tmp``
+    (``.<name>.rolloutcli-tmp-*``: a SIGKILL removes nothing), so it is never published."""
     for path in sorted(tmp.rglob(f"*{TEMP_MARKER}*")):
         if path.is_file() or path.is_symlink():
             path.unlink(missing_ok=True)
@@ -115,12 +115,16 @@ def hashed_unit(
 ) -> dict[str, Any]:
     """A dataset's work unit: check that ``src``'s per-step fields agree with the first file's, run the
     command's unit ``fn(*args)`` writing ``out`` from ``src``, then return the entries of both for
-    ``dataset.json``. The check and the hashing run in the workers, in parallel; the file is probed once."""
+    ``dataset.json``. The check and the hashing run in the workers, in parallel; the file is probed once. Run
+    again (Ray retries a task whose node was lost after it wrote ``out``; an ``OSError`` while hashing), it
+    replaces the ``out`` of the earlier attempt: the command's unit refused it as an existing output (exit 2)."""
     first, expected, safety = base
     with probed_once():
         if expected is not None and src != first:
             check_agrees(first, expected, src, signature(src, safety)[0])
         source = _input_entry(src, name)
+        if os.path.lexists(out):
+            os.unlink(out)
         fn(*args, **unit_progress())
     return {"input": source, "output": _entry(out, name)}
 
@@ -193,6 +197,7 @@ def run_dataset(
         raise
     finally:
         close_pools()
+    _drop_temporaries(tmp)  # an attempt lost with its node (Ray then retried its unit) left what it was writing
     _write_record(tmp, {**record, **entries()})
     _publish(tmp, dst, overwrite)
     return {

@@ -356,22 +356,30 @@ def connect_ray(options: EngineOptions) -> Any:
 
 
 def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
+    """The units as Ray tasks. On a failure (a unit's, a task's past its retries, a signal) the tasks not done are
+    cancelled (a running one gets KeyboardInterrupt: it removes what it writes) and given ``CLOSE_GRACE_S`` to end
+    before the caller removes or keeps the folder they write into; they ran on after the command had failed."""
     ray = connect_ray(options)
     task = ray.remote(max_retries=RETRIES, scheduling_strategy="SPREAD")(_call)
     refs = [task.remote(fn, args, options.env()) for fn, args in units]
     index = {ref: i for i, ref in enumerate(refs)}
     pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        for ref in ready:
-            try:
-                result = ray.get(ref)
-            except ray.exceptions.RayError as exc:  # a task that failed past its retries, or a lost node
-                for other in pending:
-                    ray.cancel(other)
-                raise RolloutError(
-                    f"--engine ray: a task failed past {RETRIES} retries ({type(exc).__name__}); nothing was "
-                    "published. Rerun with --resume to continue.",
-                    exit_code=EXIT_IO,
-                ) from exc
-            finished(index[ref], result)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError as exc:  # a task that failed past its retries, or a lost node
+                    raise RolloutError(
+                        f"--engine ray: a task failed past {RETRIES} retries ({type(exc).__name__}); nothing was "
+                        "published. Rerun with --resume to continue.",
+                        exit_code=EXIT_IO,
+                    ) from exc
+                finished(index[ref], result)
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref)
+        if pending:
+            ray.wait(pending, num_returns=len(pending), timeout=CLOSE_GRACE_S)
+        raise

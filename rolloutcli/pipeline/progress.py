@@ -2,8 +2,8 @@
 
 Test hook: with ``ROLLOUTCLI_TEST_PAUSE_AFTER_BLOCK`` set to a number of seconds, the first block of every command
 (the CLI's bar) and of every unit of a local pool (:func:`unit_progress`) prints one line "rolloutcli: test pause
-after block 1 ..." on stderr and sleeps, so a test can signal the process while its output is half written
-(tests/test_promises_faults.py, tests/test_engine_stops.py).
+after block 1 (pid P, writing ...)" on stderr and sleeps, so a test can signal the process (P: the one writing)
+while its output is half written (tests/test_promises_faults.py, tests/test_engine_stops.py).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ class Progress:
 
 
 def pause_for_test(seconds: float) -> None:
-    """The test hook: announce the first block on stderr (with the temporaries being written), then sleep."""
+    """The test hook: announce the first block on stderr (this process and the temporaries it writes), then sleep."""
     from rolloutcli.hdf5.atomic import live_temporaries
 
     writing = " ".join(sorted(os.path.basename(p) for p in live_temporaries())) or "nothing"
-    sys.stderr.write(f"rolloutcli: test pause after block 1 (writing {writing})\n")
+    sys.stderr.write(f"rolloutcli: test pause after block 1 (pid {os.getpid()}, writing {writing})\n")
     sys.stderr.flush()
     # short sleeps: a signal the kernel hands to another thread still reaches the main thread's handler
     deadline = time.monotonic() + seconds
