@@ -116,6 +116,32 @@ def test_local_workers_1_and_2_same_bytes_and_a_retried_unit(runs: Path, tmp_pat
     assert marker.exists() and tree(tmp_path / "retried") == tree(tmp_path / "w1")
 
 
+def square(i: int) -> int:
+    return i * i
+
+
+def test_a_pool_holds_a_few_units_per_worker_at_a_time(monkeypatch) -> None:
+    """More units than a pool is given at once: every result, in order, with ``done`` in submission order and no
+    result kept; at most ``AHEAD_PER_WORKER`` units per worker are submitted and unfinished at any time."""
+    from rolloutcli.pipeline import engine
+
+    most, real = [0], engine._finish_oldest
+
+    def spy(futures, finished) -> None:
+        most[0] = max(most[0], len(futures))
+        real(futures, finished)
+
+    monkeypatch.setattr(engine, "_finish_oldest", spy)
+    count, seen = 6 * engine.AHEAD_PER_WORKER, []
+    units = [(square, (i,)) for i in range(count)]
+    try:
+        assert engine.run_units(units, EngineOptions(workers=2)) == [i * i for i in range(count)]
+        assert engine.run_units(units, EngineOptions(workers=2), lambda i, r: seen.append((i, r))) == []
+    finally:
+        engine.close_pools()
+    assert seen == [(i, i * i) for i in range(count)] and most[0] == 2 * engine.AHEAD_PER_WORKER
+
+
 def test_local_worker_dying_publishes_nothing(runs: Path, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     with pytest.raises(RolloutError, match="a worker process died") as error:
