@@ -14,6 +14,7 @@ from rollout_factory import rollout_arrays, write_rollout
 from rolloutcli.dataset import check_agreement, resolve
 from rolloutcli.errors import RolloutError
 from rolloutcli.pipeline.dataset_job import partial_folder, run_dataset
+from rolloutcli.pipeline.dataset_journal import JOURNAL
 from rolloutcli.pipeline.engine import EngineOptions
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.split import SplitOptions, run_split
@@ -30,6 +31,12 @@ def runs(tmp_path: Path) -> Path:
 
 def tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def journal_names(partial: Path) -> list[str]:
+    """The outputs a partial folder's journal records as finished (its lines after the first)."""
+    lines = (partial / JOURNAL).read_bytes().splitlines()[1:]
+    return [json.loads(line)["output"]["name"] for line in lines]
 
 
 def test_resolve_sorts_dedups_and_names(runs: Path, tmp_path: Path) -> None:
@@ -117,15 +124,12 @@ def test_split_on_a_dataset_workers_and_resume(cli, runs: Path, tmp_path: Path) 
     _split_failing_last(runs, tmp_path / "res")
     partial = partial_folder(tmp_path / "res")
     assert partial.is_dir() and not (tmp_path / "res").exists()
-    assert sorted(e["name"] for e in json.loads((partial / "dataset.json").read_text())["outputs"]) == [
-        "a/r1.h5",
-        "r0.h5",
-    ]
+    assert sorted(journal_names(partial)) == ["a/r1.h5", "r0.h5"] and not (partial / "dataset.json").exists()
     code, _, err = cli("split", runs, "-o", tmp_path / "res")
     assert code == 2 and "--resume" in err
     done_a = (partial / "a" / "r1.h5").stat().st_mtime_ns
     # what units killed mid-write leave (a SIGKILL removes nothing): never published by the resumed run
-    for stray in (".r2.h5.rolloutcli-tmp-k1ll3d", "a/.r1.h5.rolloutcli-tmp-0ld", ".dataset.json.rolloutcli-tmp-x"):
+    for stray in (".r2.h5.rolloutcli-tmp-k1ll3d", "a/.r1.h5.rolloutcli-tmp-0ld", ".dataset.journal.rolloutcli-tmp-x"):
         (partial / stray).write_bytes(b"half a file")
     code, out, err = cli("split", runs, "-o", tmp_path / "res", "--resume", "--json")
     assert code == 0, err

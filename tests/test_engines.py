@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from rollout_factory import rollout_arrays, write_rollout
 from rolloutcli.dataset import resolve
 from rolloutcli.errors import RolloutError
 from rolloutcli.pipeline.dataset_job import partial_folder, run_dataset
+from rolloutcli.pipeline.dataset_journal import JOURNAL
 from rolloutcli.pipeline.engine import EngineOptions, import_ray
 from rolloutcli.pipeline.gae import GaeOptions, run_gae
 from rolloutcli.pipeline.options import RunOptions
@@ -91,6 +91,32 @@ def test_local_workers_1_and_2_same_bytes_and_a_retried_unit(runs: Path, tmp_pat
     assert marker.exists() and tree(tmp_path / "again") == tree(tmp_path / "w1")
 
 
+def square(i: int) -> int:
+    return i * i
+
+
+def test_a_pool_holds_a_few_units_per_worker_at_a_time(monkeypatch) -> None:
+    """More units than a pool is given at once: every result, in order, with ``done`` in submission order and no
+    result kept; at most ``AHEAD_PER_WORKER`` units per worker are submitted and unfinished at any time."""
+    from rolloutcli.pipeline import engine
+
+    most, real = [0], engine._finish_oldest
+
+    def spy(futures, finished) -> None:
+        most[0] = max(most[0], len(futures))
+        real(futures, finished)
+
+    monkeypatch.setattr(engine, "_finish_oldest", spy)
+    count, seen = 6 * engine.AHEAD_PER_WORKER, []
+    units = [(square, (i,)) for i in range(count)]
+    try:
+        assert engine.run_units(units, EngineOptions(workers=2)) == [i * i for i in range(count)]
+        assert engine.run_units(units, EngineOptions(workers=2), lambda i, r: seen.append((i, r))) == []
+    finally:
+        engine.close_pools()
+    assert seen == [(i, i * i) for i in range(count)] and most[0] == 2 * engine.AHEAD_PER_WORKER
+
+
 def test_local_worker_dying_publishes_nothing(runs: Path, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     with pytest.raises(RolloutError, match="a worker process died") as error:
@@ -98,7 +124,7 @@ def test_local_worker_dying_publishes_nothing(runs: Path, tmp_path: Path) -> Non
     assert error.value.exit_code == 3 and not (tmp_path / "out").exists()
     partial = partial_folder(tmp_path / "out")  # kept for --resume when a file was finished, else removed
     if partial.is_dir():
-        assert json.loads((partial / "dataset.json").read_text())["outputs"]
+        assert len((partial / JOURNAL).read_bytes().splitlines()) > 1  # its first line, a finished output's
     assert sorted(p.name for p in runs.iterdir()) == ["r0.h5", "r1.h5", "r2.h5", "r3.h5"]  # inputs untouched
 
 

@@ -138,7 +138,8 @@ def _temp_prefix(dst: Path) -> str:
     return f".{name}{TEMP_MARKER}"
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Commit ``folder``'s entries (a rename, a removal in it) to disk; never raises."""
     with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -247,7 +248,7 @@ def atomic_file(
                 rename_noreplace(tmp, Path(os.path.abspath(dst)))
         except OSError as exc:
             raise _publish_error(dst, exc, overwrite_option) from exc
-    _fsync_dir(parent)
+    fsync_dir(parent)
 
 
 def _seal_folder(tmp: Path, mode: int) -> None:
@@ -259,7 +260,7 @@ def _seal_folder(tmp: Path, mode: int) -> None:
         with open(child, "rb+") as handle:
             os.fsync(handle.fileno())
     os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # folders need x where they have r
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
 
 
 def _replace_folder(tmp: Path, dst: Path) -> None:
@@ -309,5 +310,5 @@ def atomic_folder(
                 rename_noreplace(tmp, dst)
         except OSError as exc:
             raise _publish_error(shown, exc) from exc
-        _fsync_dir(dst.parent)
+        fsync_dir(dst.parent)
         _remove(tmp)  # the replaced output, if any

@@ -1,28 +1,30 @@
 """A per-file command (``gae``, ``split``) on a dataset: one output per input, one folder published as a unit.
 
 The folder is built as ``.<name>.rolloutcli-partial`` beside ``-o``: each input's output under the input's
-relative name, then ``dataset.json`` (command, options, inputs and outputs with their sizes and XXH3-128)
-written last, then the folder renamed onto ``-o``. A failed or killed run keeps the partial folder (with a
-``dataset.json`` of the outputs done so far); ``--resume`` continues it, keeping each output whose recorded
-input and output hashes still match, redoing the rest. ``dataset.json`` holds nothing that depends on the
-engine, the worker count or timing, so it is byte-identical for every engine.
+relative name, a line of the journal (:mod:`~rolloutcli.pipeline.dataset_journal`) as each is done, then
+``dataset.json`` (command, options, inputs and outputs with their sizes and XXH3-128, in input order) written
+from the journal, the journal removed, and the folder renamed onto ``-o``. A failed or killed run keeps the
+partial folder with its journal; ``--resume`` continues it, keeping each output whose recorded input and output
+hashes still match, redoing the rest. ``dataset.json`` holds nothing that depends on the engine, the worker
+count or timing, so it is byte-identical for every engine.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from rolloutcli.dataset import Dataset, Signature, check_agrees, file_hash, signature
 from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, EXIT_USAGE, RolloutError, stop_if_signalled
-from rolloutcli.hdf5.atomic import TEMP_MARKER, atomic_file
+from rolloutcli.hdf5.atomic import TEMP_MARKER
 from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.probe import probed_once
 from rolloutcli.hdf5.rename import rename_noreplace
+from rolloutcli.pipeline.dataset_journal import Journal, earlier_entries
 from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
 from rolloutcli.pipeline.progress import unit_progress
 
@@ -39,12 +41,6 @@ def partial_folder(dst: Path) -> Path:
 
 def _entry(path: Path, name: str) -> dict[str, Any]:
     return {"name": name, "size_bytes": os.stat(path).st_size, "xxh3_128": file_hash(path)}
-
-
-def _write_record(folder: Path, record: dict[str, Any]) -> None:
-    """``dataset.json``, replaced atomically (a kill leaves the previous record or this one)."""
-    with atomic_file(folder / "dataset.json", overwrite=True) as tmp:
-        Path(tmp).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def _check_destination(dataset: Dataset, dst: Path, overwrite: bool, resume: bool, tmp: Path) -> None:
@@ -69,29 +65,20 @@ def _check_destination(dataset: Dataset, dst: Path, overwrite: bool, resume: boo
         )
 
 
-def _reusable(tmp: Path, record: dict[str, Any], dataset: Dataset) -> dict[str, dict[str, Any]]:
-    """The input entries (by name) of outputs in ``tmp`` an earlier run finished whose input and output hashes
-    still match."""
-    try:
-        old = json.loads((tmp / "dataset.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    if old.get("command") != record["command"] or old.get("options") != record["options"]:
-        raise RolloutError(
-            f"{tmp}: --resume: expected the options of the run that left it ({old.get('options')}), found "
-            f"{record['options']}. Rerun with the same options, or delete the folder.",
-            exit_code=EXIT_USAGE,
-        )
-    recorded = {entry.get("name"): entry for entry in old.get("inputs", [])}
-    keep = {}
-    for out in old.get("outputs", []):
-        name, path = out.get("name"), tmp / str(out.get("name"))
-        if name not in recorded or name not in dataset.names or not path.is_file():
+def _kept(entries: Iterable[dict[str, Any]], dataset: Dataset, tmp: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(index, entry)`` of each of ``entries`` (an earlier run's) whose output in ``tmp`` and input still have
+    the recorded hashes (and the input its recorded path)."""
+    index = {name: i for i, name in enumerate(dataset.names)}
+    for entry in entries:
+        source, out = entry.get("input"), entry.get("output")
+        if not isinstance(source, dict) or not isinstance(out, dict) or not isinstance(out.get("name"), str):
             continue
-        source = _input_entry(dataset.files[dataset.names.index(name)], name)
-        if source == recorded[name] and _entry(path, name) == out:
-            keep[name] = source
-    return keep
+        name = out["name"]
+        i = index.get(name)
+        if i is None or source.get("name") != name or not (tmp / name).is_file():
+            continue
+        if _input_entry(dataset.files[i], name) == source and _entry(tmp / name, name) == out:
+            yield i, {"input": source, "output": out}
 
 
 def _drop_temporaries(tmp: Path) -> None:
@@ -153,60 +140,76 @@ def run_dataset(
     dst = Path(dst)
     tmp = partial_folder(dst)
     _check_destination(dataset, dst, overwrite, resume, tmp)
-    record: dict[str, Any] = {
-        "format": DATASET_FORMAT,
-        "format_version": DATASET_VERSION,
-        "command": command,
-        "options": options,
-        "inputs": [],
-        "outputs": [],
-    }
+    head = {"format": DATASET_FORMAT, "format_version": DATASET_VERSION, "command": command, "options": options}
+    earlier: Iterable[dict[str, Any]] = ()
     if resume and tmp.is_dir():
         _drop_temporaries(tmp)
-    keep = _reusable(tmp, record, dataset) if resume and tmp.is_dir() else {}
+        earlier = earlier_entries(tmp, head)  # other options: refused here, before anything changes
     first = Path(os.path.abspath(dataset.files[0]))
     base: Base = (first, signature(first, safety)[0] if rollouts else None, safety)
     start_engine(engine)
-    tmp.mkdir(exist_ok=True)
-    inputs, outputs = dict(keep), {name: _entry(tmp / name, name) for name in keep}
-    units, names = [], []
-    for file, name in zip(dataset.files, dataset.names, strict=True):
-        if name in keep:
-            continue
-        out = tmp / name
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if os.path.lexists(out):
-            out.unlink()
-        src = Path(os.path.abspath(file))  # absolute: tasks run in other folders
-        units.append((hashed_unit, (*make_unit(src, out), src, out, name, base)))
-        names.append(name)
-
-    def entries() -> dict[str, list[dict[str, Any]]]:
-        finished = [name for name in dataset.names if name in outputs]
-        return {"inputs": [inputs[n] for n in finished], "outputs": [outputs[n] for n in finished]}
-
-    def done(index: int, result: dict[str, Any]) -> None:  # record progress so a later --resume can skip it
-        inputs[names[index]], outputs[names[index]] = result["input"], result["output"]
-        _write_record(tmp, {**record, **entries()})
-
+    journal = _start_journal(Journal(tmp, head, len(dataset.files)), _kept(earlier, dataset, tmp))
+    reused = journal.done
     try:
-        run_units(units, engine, done)
+        units = _Units(dataset, tmp, make_unit, base, journal.offsets)
+        run_units(units, engine, lambda k, result: journal.add(units.pending[k], result))
     except BaseException:
-        if not outputs:  # nothing to resume: a corrected rerun must not be refused for an empty folder
+        journal.close()
+        if not journal.done:  # nothing to resume: a corrected rerun must not be refused for an empty folder
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         close_pools()
     _drop_temporaries(tmp)  # an attempt lost with its node (Ray then retried its unit) left what it was writing
-    _write_record(tmp, {**record, **entries()})
+    journal.compact()
     _publish(tmp, dst, overwrite)
     return {
         "input": [str(f) for f in dataset.files],
         "output": str(dst),
         "files": len(dataset.files),
-        "reused": len(keep),
-        "bytes_written": sum(o["size_bytes"] for o in outputs.values()),
+        "reused": reused,
+        "bytes_written": journal.bytes_written,
     }
+
+
+def _start_journal(journal: Journal, kept: Iterable[tuple[int, dict[str, Any]]]) -> Journal:
+    """``journal`` started with the ``kept`` outputs; a partial folder made for it is removed if that fails."""
+    made = not journal.folder.is_dir()
+    journal.folder.mkdir(exist_ok=True)
+    try:
+        journal.start(kept)
+    except BaseException:
+        if made:
+            shutil.rmtree(journal.folder, ignore_errors=True)
+        raise
+    return journal
+
+
+class _Units(Sequence[Unit]):
+    """The work units of the files not yet done (``offsets`` -1), each made when the engine takes it: a list of
+    them held about 1 KB a file in the driver for the whole run. Stale outputs are removed first (a unit does not
+    overwrite)."""
+
+    def __init__(
+        self, dataset: Dataset, tmp: Path, make_unit: Callable[[Path, Path], Unit], base: Base, offsets: array
+    ) -> None:
+        self.dataset, self.tmp, self.make_unit, self.base = dataset, tmp, make_unit, base
+        self.pending = array("q", (i for i, offset in enumerate(offsets) if offset < 0))  # unit k's input
+        for i in self.pending:
+            out = tmp / dataset.names[i]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if os.path.lexists(out):
+                out.unlink()
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def __getitem__(self, k: int) -> Unit:  # type: ignore[override]  # no slices: the engine takes one at a time
+        i = self.pending[k]
+        name = self.dataset.names[i]
+        out = self.tmp / name
+        src = Path(os.path.abspath(self.dataset.files[i]))  # absolute: tasks run in other folders
+        return (hashed_unit, (*self.make_unit(src, out), src, out, name, self.base))
 
 
 def _publish(tmp: Path, dst: Path, overwrite: bool) -> None:

@@ -113,16 +113,18 @@ def start_engine(options: EngineOptions) -> None:
 
 
 def run_units(units: Sequence[Unit], options: EngineOptions, done: Callable[[int, Any], None] | None = None) -> list:
-    """Run ``units``; ``done(i, result)`` is called in the driver as each finishes (any order). Results in order."""
+    """Run ``units``; results in order, or, with ``done``, ``done(i, result)`` called in the driver as each finishes
+    (any order) and no result kept (10,000 units' results in the driver for the whole run)."""
     check_engine(options)
-    results: list[Any] = [None] * len(units)
+    results: list[Any] = [None] * (len(units) if done is None else 0)
 
     def finished(index: int, result: Any) -> None:
         stop_if_signalled()  # the command's signal, whose exception may have been lost
         if isinstance(result, _Failed):
             raise RolloutError(result.message, exit_code=result.exit_code, problems=result.problems)
-        results[index] = result
-        if done is not None:
+        if done is None:
+            results[index] = result
+        else:
             done(index, result)
 
     if options.engine == "ray":
@@ -258,24 +260,30 @@ def unit_modules(units: Sequence[Unit]) -> list[str]:
     return sorted({f.__module__ for f in functions if isinstance(f.__module__, str)})
 
 
+AHEAD_PER_WORKER = 4  # units submitted to a local pool ahead of the oldest one running, per worker
+
+
 def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
-    """The units on the local pool. On a failure (a unit's, a signal's) the units not yet started are skipped
-    through a stop file, not cancelled: Python 3.11's pool, when a worker then dies (a SIGTERM to the whole job),
-    raises in its manager thread on a cancelled future and the wait for the running units never ends
-    (CPython gh-107219, fixed in 3.12)."""
+    """The units on the local pool, at most ``AHEAD_PER_WORKER`` per worker submitted at a time (a future per
+    unit of 10,000 held their arguments and results in the driver). On a failure (a unit's, a signal's) the units
+    submitted and not yet started are skipped through a stop file, not cancelled: Python 3.11's pool, when a
+    worker then dies (a SIGTERM to the whole job), raises in its manager thread on a cancelled future and the wait
+    for the running units never ends (CPython gh-107219, fixed in 3.12)."""
     from rolloutcli.hdf5.probe import shared_env
 
     workers = options.workers  # the pool prestart started, if it did
     pool = _pool(workers, unit_modules(units))
     stop = os.path.join(tempfile.gettempdir(), f"rolloutcli-stop-{os.getpid()}-{secrets.token_hex(8)}")
     env = {**options.env(), **shared_env(), STOP_ENV: stop}  # the workers ask this process's metadata probe helper
-    futures: dict[Future[Any], int] = {}
+    futures: dict[Future[Any], int] = {}  # submitted, not yet finished, in submission order
     completed = False
     try:  # a pool broken before or while the units are submitted raises in submit
         for i, (fn, args) in enumerate(units):
             futures[pool.submit(_call, fn, args, env)] = i
-        for future, index in futures.items():  # in submission order: a failure is the first failing unit's
-            finished(index, future.result())
+            if len(futures) >= workers * AHEAD_PER_WORKER:
+                _finish_oldest(futures, finished)
+        while futures:  # in submission order: a failure is the first failing unit's
+            _finish_oldest(futures, finished)
         completed = True
     except BrokenProcessPool as exc:
         _POOLS.pop(workers, None)
@@ -291,6 +299,12 @@ def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[
         wait(futures)
         with contextlib.suppress(OSError):
             os.unlink(stop)
+
+
+def _finish_oldest(futures: dict[Future[Any], int], finished: Callable[[int, Any], None]) -> None:
+    future = next(iter(futures))
+    finished(futures[future], future.result())
+    del futures[future]  # after ``finished``: a failure still waits for it below
 
 
 def _stop(path: str, futures: Iterable[Future[Any]]) -> None:
