@@ -107,8 +107,9 @@ COMMANDS: dict[str, tuple[list[str], str, str]] = {
 }
 
 
-def many_files(folder: Path, count: int, measured: Any, load: Any) -> None:
-    """Every command on ``count`` small files and on the first 100 of them; figures against the references."""
+def many_files(folder: Path, count: int, measured: Any, load: Any, only: list[str] | None = None) -> None:
+    """Every command (or those in ``only``) on ``count`` small files and on the first 100 of them; figures against
+    the references."""
     runs, small = folder / "runs", folder / "runs-100"
     started = time.perf_counter()
     make_recordings(runs, count)
@@ -120,6 +121,8 @@ def many_files(folder: Path, count: int, measured: Any, load: Any) -> None:
     print(f"many files: {count} recordings of T={T}, N={N}, {size:.1f} MiB, made in {made:.0f} s; {load()}", flush=True)
     inputs = {"runs": (runs, small)}
     for name, (extra, kind, source) in COMMANDS.items():
+        if only and name not in only:
+            continue
         if source == "gae" and "gae" not in inputs:
             inputs["gae"] = tuple(folder / f"gae-in-{i}" for i in range(2))
             for src, dst in zip(inputs["runs"], inputs["gae"], strict=True):

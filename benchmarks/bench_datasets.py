@@ -233,13 +233,14 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--many-files", action="store_true", help="only the per-file cost on --files small files")
     parser.add_argument("--files", type=int, default=10_000, help="how many small files --many-files makes")
+    parser.add_argument("--commands", help="--many-files: only these commands, e.g. gae,batch")
     args = parser.parse_args()
     folder = args.folder
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     try:
         if args.many_files:
-            many_files(folder, args.files, measured, load)
+            many_files(folder, args.files, measured, load, args.commands.split(",") if args.commands else None)
         elif not args.only_big:
             engines(folder, args)
         if args.big or args.only_big:
