@@ -37,7 +37,7 @@ def fill_storage(storage: Any, loaded: Rollout) -> None:
     storage.step = loaded.T
 
 
-def _computed(storage: Any) -> bool:
+def computed(storage: Any) -> bool:
     """Whether ``returns``/``advantages`` hold results, not the zeros a fresh storage starts with."""
     if storage.training_type != "rl":
         return False
@@ -48,10 +48,10 @@ def _computed(storage: Any) -> bool:
 def storage_tensors(storage: Any) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
     """Every field of ``storage`` keyed by dataset path, and the attributes of its groups."""
     tensors = {f"observations/{key}": storage.observations[key] for key in storage.observations.keys()}
-    computed = _computed(storage)
+    done = computed(storage)
     for row in FIELDS:
         value = getattr(storage, row.storage_name, None) if row.storage_name and not row.group else None
-        if value is None or (row.name in ("advantages", "returns") and not computed):
+        if value is None or (row.name in ("advantages", "returns") and not done):
             continue
         if row.trailing_one:
             value = value.reshape(value.shape[: row.env_axis + 1])

@@ -165,3 +165,25 @@ def test_from_hdf5_observations_are_a_tensordict(tmp_path: Path) -> None:
     plain = RolloutStorage.from_hdf5(path, tensordict=False)
     assert isinstance(plain.observations, dict)
     assert torch.equal(plain.observations["policy"], storage.observations["policy"])
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_mini_batches_before_compute_returns_are_refused(tmp_path: Path, recurrent: bool) -> None:
+    """Issue 40.13: the zeros of a storage never computed (and a file without advantages) are not advantages."""
+    from rolloutcli.errors import RolloutError
+
+    storage = _fill(RolloutStorage, tensordict=False)
+    storage.to_hdf5(tmp_path / "raw.h5")
+    loaded = RolloutStorage.from_hdf5(tmp_path / "raw.h5")
+    name = "recurrent_mini_batch_generator" if recurrent else "mini_batch_generator"
+    found = "the zeros of a storage whose compute_returns() was never called (and whose file held none)"
+    for where, source in (("RolloutStorage", storage), (str(tmp_path / "raw.h5"), loaded)):
+        with pytest.raises(RolloutError) as error:
+            next(getattr(source, name)(2, 1))
+        assert str(error.value) == (
+            f"{where}: field 'advantages': expected advantages and returns computed before mini-batches, found "
+            f"{found}. Call storage.compute_returns() first."
+        )
+    storage.last_values = torch.zeros(4, 1)
+    storage.compute_returns()
+    assert next(getattr(storage, name)(2, 1)).advantages.abs().sum() > 0
