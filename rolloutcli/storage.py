@@ -365,8 +365,10 @@ class RolloutStorage:
         if tensordict:
             from tensordict import TensorDict
 
-            example = TensorDict(example, batch_size=[loaded.N], device=device)
-        storage = cls(training_type, loaded.N, loaded.T, example, tuple(tensors["actions"].shape[2:]), device)
+            example = TensorDict(example, batch_size=[loaded.N], device="meta")
+        # built on the meta device (nothing allocated: the loaded tensors replace its buffers), then on ``device``
+        storage = cls(training_type, loaded.N, loaded.T, example, tuple(tensors["actions"].shape[2:]), "meta")
+        storage.device = device
         fill_storage(storage, loaded)
         storage.path = str(path)
         return storage
