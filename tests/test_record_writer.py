@@ -377,3 +377,18 @@ def test_allow_nonfinite_keeps_them_and_gae_refuses_the_file(tmp_path: Path, cli
         assert np.isnan(handle["rewards"][0, 1])
     code, _, err = cli("gae", path, "-o", tmp_path / "out.h5")
     assert code == 1 and "field 'rewards': expected finite numbers, found 1 NaN/Inf values" in err
+
+
+@pytest.mark.parametrize(("field", "key"), [("observations", "a\x00b"), ("observations", "a/b"), ("distribution", "")])
+def test_group_keys_that_would_be_cut_or_split_are_refused(tmp_path: Path, field: str, key: str) -> None:
+    path = tmp_path / "rec.h5"
+    writer = RolloutWriter(path, num_envs=3)
+    step = _small()
+    step[field] = {key: torch.zeros(3, 2)}
+    with pytest.raises(RolloutError) as error:
+        writer.add(step)
+    writer.abort()
+    assert str(error.value) == (
+        f"{path}: step 0: field '{field}': expected keys without NUL bytes or '/', not empty or '.', found {key!r}. "
+        "Rename the key."
+    )

@@ -59,6 +59,14 @@ def check_extras_name(where: str, name: Any) -> None:
         )
 
 
+def check_group_key(where: str, field: str, name: Any) -> None:
+    """Refuse a key of a dict of groups (observations, distribution, hidden states) that HDF5 would shorten (NUL)
+    or read as more than one name."""
+    if not isinstance(name, str) or "\x00" in name or "/" in name or name in ("", ".", ".."):
+        raise RolloutError.field(where, field, "keys without NUL bytes or '/', not empty or '.'", repr(name),
+                                 "Rename the key.")  # fmt: skip
+
+
 def first_nonfinite(name: str, value: np.ndarray, mask: np.ndarray | None = None) -> tuple[int, int] | None:
     """The (step, env) of the first NaN/Inf of a ``[k, N, ...]`` block (only where ``mask [k, N]`` is set)."""
     if value.dtype.kind != "f":

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+import rolloutcli.record.checks as checks
 from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5.append import AppendFile
 from rolloutcli.hdf5.writer import to_numpy
-from rolloutcli.record.checks import NONFINITE_FIX, check_attrs, check_extras_name, first_nonfinite, last_values_of
 
 PER_ENV = ("rewards", "dones", "time_outs", "values", "actions_log_prob", "final_values")  # [N] per step
 FLAGS = ("dones", "time_outs")
@@ -98,7 +98,7 @@ class RolloutWriter:
         overwrite: bool = False,
         allow_nonfinite: bool = False,
     ) -> None:
-        check_attrs(path, attrs or {})
+        checks.check_attrs(path, attrs or {})
         if num_envs < 1 or (num_steps is not None and num_steps < 1):
             raise ValueError(f"num_envs and num_steps must be positive, found {num_envs} and {num_steps}")
         self.path, self.num_envs, self.num_steps = Path(path), num_envs, num_steps
@@ -204,6 +204,7 @@ class RolloutWriter:
                 continue
             if key in GROUPS and hasattr(value, "items"):  # a dict or TensorDict of groups
                 for name, part in value.items():
+                    checks.check_group_key(f"{self.path}: step {self.steps}", key, name)
                     arrays[f"{key}/{name}"] = _host(part)
                     if key == "distribution" and name not in self._order:
                         self._order.append(name)
@@ -211,10 +212,11 @@ class RolloutWriter:
                 arrays[f"{key}/policy" if key != "distribution" else key] = _host(value)
             elif key == "extras":  # more [N, ...] datasets, stored under their own names
                 for name, part in dict(value).items():
-                    check_extras_name(f"{self.path}: step {self.steps}", name)
+                    checks.check_extras_name(f"{self.path}: step {self.steps}", name)
                     arrays[f"extras:{name}"] = _host(part)
             elif key == "hidden_states":
                 for net, state in dict(value).items():
+                    checks.check_group_key(f"{self.path}: step {self.steps}", key, net)
                     parts = state if isinstance(state, tuple | list) else (state,)
                     for i, part in enumerate(parts):
                         arrays[f"hidden_states/{net}/{i}"] = _host(part)
@@ -267,10 +269,10 @@ class RolloutWriter:
             return
         for name in ("rewards", "values", "final_values"):
             if name in arrays:
-                at = first_nonfinite(name, arrays[name], arrays["dones"] if name == "final_values" else None)
+                at = checks.first_nonfinite(name, arrays[name], arrays["dones"] if name == "final_values" else None)
                 if at is not None:
                     found = f"{arrays[name][at].reshape(-1)[:1][0]} at env {at[1]}"
-                    raise self._error(name, "finite numbers", found, NONFINITE_FIX, at=self.steps + at[0])
+                    raise self._error(name, "finite numbers", found, checks.NONFINITE_FIX, at=self.steps + at[0])
 
     def _check_one(self, name: str, value: np.ndarray, N: int) -> None:
         """Check one step's ``value`` (a step of a block: every step of it has its shape and dtype)."""
@@ -345,7 +347,7 @@ class RolloutWriter:
             raise self._error("step", "at least one step before close()", "none", "Call add() first.")
         extra: dict[str, np.ndarray] = {}
         if last_values is not None:
-            value = last_values_of(self.path, to_numpy(last_values), self.num_envs, self.allow_nonfinite)
+            value = checks.last_values_of(self.path, to_numpy(last_values), self.num_envs, self.allow_nonfinite)
             extra["last_values"] = value
         elif "values" in self._schema:
             warnings.warn(
