@@ -36,7 +36,7 @@ from rolloutcli.core.trajectories import TrajectorySpans, trajectory_spans
 from rolloutcli.errors import EXIT_IO, RolloutError
 from rolloutcli.fields import field_of
 from rolloutcli.hdf5.limits import SafetyOptions
-from rolloutcli.hdf5.rows import FileInfo, RowReader, describe_files
+from rolloutcli.hdf5.rows import FileInfo, RowReader, check_row_costs, describe_files
 from rolloutcli.minibatch import Batch
 
 SCALAR_ATTRS = {"values", "advantages", "returns", "actions_log_prob", "dones"}  # [B] in files, [B, 1] in a Batch
@@ -83,6 +83,8 @@ class RolloutDataset(Dataset):
         device: where items and batches go (keep ``"cpu"`` with ``DataLoader`` workers).
         allow_external: trust links and storage outside the files (refused by default, as by every command).
         cache_bytes: whole fields each process keeps in memory (default 256 MiB); larger ones are read by steps.
+        read_bytes: the most reading one row of a field may take (default 64 MiB): its bytes, or the compressed
+            chunk libhdf5 decodes whole to get at it; a field over it is refused (``RolloutError``) when built.
     """
 
     recurrent = False
@@ -95,6 +97,7 @@ class RolloutDataset(Dataset):
         device: str | torch.device = "cpu",
         allow_external: bool = False,
         cache_bytes: int = 256 << 20,
+        read_bytes: int = 64 << 20,
     ) -> None:
         safety = SafetyOptions(allow_external=allow_external)
         self.paths = _files(source)
@@ -106,8 +109,10 @@ class RolloutDataset(Dataset):
             if ours != theirs:
                 name = next(n for n in self.names if ours[n] != theirs[n])
                 raise RolloutError.field(info.path, name, f"{ours[name]} as in {self.paths[0]}", str(theirs[name]))
+        for info in self.infos:
+            check_row_costs(info, self.names, read_bytes)
         self.device = torch.device(device)
-        self.reader = RowReader(self.paths, safety, cache_bytes)
+        self.reader = RowReader(self.paths, safety, cache_bytes, read_bytes)
         self.offsets = list(itertools.accumulate((self._count(i) for i in self.infos), initial=0))
 
     def _count(self, info: FileInfo) -> int:

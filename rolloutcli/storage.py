@@ -95,6 +95,7 @@ class RolloutStorage:
         self.last_values: torch.Tensor | None = None
         self.distribution_names: list[str] = []
         self.attrs: dict[str, Any] = {}
+        self.path: str | None = None  # the file from_hdf5 loaded
         self.step = 0
 
     def add_transition(self, transition: RolloutStorage.Transition) -> None:
@@ -229,6 +230,7 @@ class RolloutStorage:
         """
         if self.training_type != "rl":
             raise ValueError("This function is only available for reinforcement learning training.")
+        self._check_computed()
         total = self.num_envs * self.num_transitions_per_env
         indices: torch.Tensor | None = None
         if parity:
@@ -277,6 +279,7 @@ class RolloutStorage:
         """
         if self.training_type != "rl":
             raise ValueError("This function is only available for reinforcement learning training.")
+        self._check_computed()
         fixed: list[dict[str, Any]] | None = None
         for _ in range(num_epochs):
             if fixed is None or shuffle_envs:
@@ -287,6 +290,18 @@ class RolloutStorage:
                 fixed = None if shuffle_envs else batches
             for fields in fixed or batches:
                 yield RolloutStorage.Batch(**fields)
+
+    def _check_computed(self) -> None:
+        """Refuse to yield the zeros a storage starts with as advantages and returns."""
+        from rolloutcli.errors import RolloutError
+        from rolloutcli.storage_fields import computed
+
+        if not computed(self):
+            raise RolloutError.field(
+                self.path or "RolloutStorage", "advantages", "advantages and returns computed before mini-batches",
+                "the zeros of a storage whose compute_returns() was never called (and whose file held none)",
+                "Call storage.compute_returns() first.",
+            )  # fmt: skip
 
     def _recurrent_batch(self, envs: torch.Tensor) -> dict[str, Any]:
         """The fields of one recurrent mini-batch over the env ids ``envs`` (ascending)."""
@@ -350,9 +365,12 @@ class RolloutStorage:
         if tensordict:
             from tensordict import TensorDict
 
-            example = TensorDict(example, batch_size=[loaded.N], device=device)
-        storage = cls(training_type, loaded.N, loaded.T, example, tuple(tensors["actions"].shape[2:]), device)
+            example = TensorDict(example, batch_size=[loaded.N], device="meta")
+        # built on the meta device (nothing allocated: the loaded tensors replace its buffers), then on ``device``
+        storage = cls(training_type, loaded.N, loaded.T, example, tuple(tensors["actions"].shape[2:]), "meta")
+        storage.device = device
         fill_storage(storage, loaded)
+        storage.path = str(path)
         return storage
 
     def to_hdf5(self, path: str | Path, *, overwrite: bool = False) -> None:

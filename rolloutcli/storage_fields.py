@@ -20,8 +20,12 @@ NETS = (("actor", "saved_hidden_state_a"), ("critic", "saved_hidden_state_c"))
 def fill_storage(storage: Any, loaded: Rollout) -> None:
     """Put every field of ``loaded`` into a freshly built storage of its shape."""
     tensors = loaded.tensors
-    for key, name in loaded.observations.items():
-        storage.observations[key] = tensors[name]
+    observations = {key: tensors[name] for key, name in loaded.observations.items()}
+    if type(storage.observations).__name__ == "TensorDict":
+        kind = type(storage.observations)
+        storage.observations = kind(observations, batch_size=[loaded.T, loaded.N], device=storage.device)
+    else:
+        storage.observations = observations
     for row in FIELDS:
         if row.name in tensors and row.storage_name and not row.group:
             if storage.training_type == "rl" or row.name not in RL_ONLY:
@@ -35,9 +39,22 @@ def fill_storage(storage: Any, loaded: Rollout) -> None:
             setattr(storage, attribute, [tensors[p] for p in loaded.hidden[net]])
     storage.attrs = dict(loaded.attrs)
     storage.step = loaded.T
+    _materialise(storage)
 
 
-def _computed(storage: Any) -> bool:
+def _materialise(storage: Any) -> None:
+    """The buffers the file did not fill, still on the meta device: zeros on the storage's device (``returns``
+    and ``advantages`` so made are the storage's blanks: never computed)."""
+    made = {}
+    for key, value in list(vars(storage).items()):
+        if isinstance(value, torch.Tensor) and value.is_meta:
+            made[key] = torch.zeros(value.shape, dtype=value.dtype, device=storage.device)
+            setattr(storage, key, made[key])
+    if getattr(storage, "_blank", None) is not None:
+        storage._blank = (made.get("returns", storage._blank[0]), made.get("advantages", storage._blank[1]))
+
+
+def computed(storage: Any) -> bool:
     """Whether ``returns``/``advantages`` hold results, not the zeros a fresh storage starts with."""
     if storage.training_type != "rl":
         return False
@@ -48,10 +65,10 @@ def _computed(storage: Any) -> bool:
 def storage_tensors(storage: Any) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
     """Every field of ``storage`` keyed by dataset path, and the attributes of its groups."""
     tensors = {f"observations/{key}": storage.observations[key] for key in storage.observations.keys()}
-    computed = _computed(storage)
+    done = computed(storage)
     for row in FIELDS:
         value = getattr(storage, row.storage_name, None) if row.storage_name and not row.group else None
-        if value is None or (row.name in ("advantages", "returns") and not computed):
+        if value is None or (row.name in ("advantages", "returns") and not done):
             continue
         if row.trailing_one:
             value = value.reshape(value.shape[: row.env_axis + 1])

@@ -265,3 +265,45 @@ def test_a_folder_of_an_earlier_run_is_refused_and_a_reattached_hook_goes_on(tmp
     assert caught.value.exit_code == 2
     fresh.current_learning_iteration = 3  # resumed from a checkpoint at iteration 3
     attach(fresh, tmp_path / "rec").detach()
+
+
+def test_a_stopped_then_killed_writing_process_is_reported_after_a_bounded_wait(tmp_path: Path, monkeypatch) -> None:
+    """Issue 40.12: a SIGSTOPped writing process does not block training forever; when it dies, the files
+    published and those not are named exactly."""
+    import os
+    import signal
+
+    from rolloutcli.errors import RolloutError
+    from rolloutcli.record import waiting, worker
+
+    torch.manual_seed(0)
+    runner = OnPolicyRunner(FakeEnv(), copy.deepcopy(_config(False)), log_dir=None, device="cpu")
+    recorder = attach(runner, tmp_path / "rec")
+    runner.learn(1)
+    first, second = tmp_path / "rec" / "rollout_000000.h5", tmp_path / "rec" / "rollout_000001.h5"
+    child = worker._publisher().child
+    pid = child.process.pid
+    monkeypatch.setattr(waiting, "PUBLISH_WAIT_S", 1.0)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(RolloutError) as caught:
+            runner.learn(1)
+        assert str(caught.value) == (
+            f"{second}: not published after 1 s: the recording process (pid {pid}) is stopped (SIGSTOP or a "
+            f"debugger): resume it with `kill -CONT {pid}`. Published: {first}; not published: {second}."
+        )
+        assert caught.value.exit_code == 3 and not second.exists()
+        child.process.kill()
+        child.process.wait()
+    finally:
+        os.kill(pid, signal.SIGCONT) if child.process.poll() is None else None
+    with pytest.raises(RolloutError) as caught:
+        recorder.files  # noqa: B018
+    assert str(caught.value) == (
+        f"{second}: the recording process ended (exit code -9) before publishing it; nothing was published under "
+        f"that name. Published: {first}; not published: {second}."
+    )
+    assert recorder.files == [first]  # reported once; the next recording goes to a new process
+    runner.learn(1)
+    assert recorder.files == [first, tmp_path / "rec" / "rollout_000002.h5"]
+    recorder.detach()

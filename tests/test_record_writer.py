@@ -273,3 +273,122 @@ def test_add_steps_names_the_bad_step(tmp_path: Path) -> None:
         writer.add_steps(block(4))
     writer.close(last_values=np.zeros(2, np.float32))
     assert _read(tmp_path / "bad.h5")["rewards"].shape == (4, 2)
+
+
+def _small(rewards=None, values=None, dones=None, extras=None) -> dict:
+    step = {"observations": torch.zeros(3, 2), "actions": torch.zeros(3, 1), "values": torch.zeros(3),
+            "rewards": torch.zeros(3) if rewards is None else torch.tensor(rewards),
+            "dones": torch.zeros(3) if dones is None else torch.tensor(dones)}  # fmt: skip
+    return {**step, "extras": extras} if extras is not None else step
+
+
+@pytest.mark.parametrize(
+    ("key", "fix"),
+    [
+        ("timeouts_bootstrapped", "It is reserved: the writer records raw rewards (False). Remove it from attrs."),
+        ("rolloutcli_format", "It is reserved: the writer sets it. Remove it from attrs."),
+        ("format_version", "It is reserved: the writer sets it. Remove it from attrs."),
+        ("timeouts_rule", "It is reserved: the format gives it meaning. Remove it from attrs."),
+        ("recording_id", "It is reserved: the format gives it meaning. Remove it from attrs."),
+        ("recording_index", "It is reserved: the format gives it meaning. Remove it from attrs."),
+        ("gamma", "Pass gamma=... to RolloutWriter instead."),
+    ],
+)
+def test_attrs_cannot_set_what_the_writer_sets(tmp_path: Path, key: str, fix: str) -> None:
+    path = tmp_path / "rec.h5"
+    with pytest.raises(RolloutError) as error:
+        RolloutWriter(path, num_envs=3, attrs={key: True})
+    expected = f"{path}: field 'attrs.{key}': expected attributes the writer does not set, found '{key}'. {fix}"
+    assert str(error.value) == expected
+    assert not list(tmp_path.iterdir())
+
+
+def test_attrs_name_with_nul_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(RolloutError) as error:
+        RolloutWriter(tmp_path / "rec.h5", num_envs=3, attrs={"a\x00b": 1})
+    assert str(error.value) == (
+        f"{tmp_path / 'rec.h5'}: field 'attrs': expected non-empty attribute names without NUL bytes, "
+        "found 'a\\x00b'. Rename the attribute."
+    )
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "rewards", "observations/x", "", "a//b"])
+def test_extras_names_that_would_be_cut_or_collide_are_refused(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "rec.h5"
+    writer = RolloutWriter(path, num_envs=3)
+    with pytest.raises(RolloutError) as error:
+        writer.add(_small(extras={name: torch.zeros(3)}))
+    writer.abort()
+    assert str(error.value) == (
+        f"{path}: step 0: field 'extras': expected names without NUL bytes, empty or '.' parts, other than the "
+        f"format's fields, found {name!r}. Rename the extra."
+    )
+
+
+_NONFINITE = "Fix the reward or critic, or pass allow_nonfinite=True to keep them (gae then refuses the file)."
+
+
+def test_nonfinite_rewards_values_are_refused_naming_step_and_env(tmp_path: Path) -> None:
+    path = tmp_path / "rec.h5"
+    writer = RolloutWriter(path, num_envs=3)
+    writer.add(_small())
+    with pytest.raises(RolloutError) as error:
+        writer.add(_small(rewards=[0.0, 0.0, float("nan")]))
+    assert (
+        str(error.value)
+        == f"{path}: step 1: field 'rewards': expected finite numbers, found nan at env 2. {_NONFINITE}"
+    )
+    block = {**{k: v[None].repeat(4, *[1] * v.ndim) for k, v in _small().items()}}
+    block["values"][2, 1] = float("-inf")
+    with pytest.raises(RolloutError) as error:
+        writer.add_steps(block)
+    assert (
+        str(error.value)
+        == f"{path}: step 3: field 'values': expected finite numbers, found -inf at env 1. {_NONFINITE}"
+    )
+    writer.add(_small())
+    with pytest.raises(RolloutError) as error:
+        writer.close(last_values=torch.tensor([float("inf"), 0.0, 0.0]))
+    assert str(error.value) == (
+        f"{path}: close(): field 'last_values': expected finite numbers, found inf at env 0. {_NONFINITE}"
+    )
+    writer.abort()
+    assert not path.exists()
+
+
+def test_final_values_are_checked_at_done_steps_only(tmp_path: Path) -> None:
+    path = tmp_path / "rec.h5"
+    with RolloutWriter(path, num_envs=3) as writer:
+        writer.add({**_small(dones=[0.0, 1.0, 0.0]), "final_values": torch.tensor([float("nan"), 1.0, float("nan")])})
+        with pytest.raises(RolloutError) as error:
+            writer.add({**_small(dones=[1.0, 0.0, 0.0]), "final_values": torch.tensor([float("nan"), 0.0, 0.0])})
+        writer.abort()
+    assert str(error.value) == (
+        f"{path}: step 1: field 'final_values': expected finite numbers, found nan at env 0. {_NONFINITE}"
+    )
+
+
+def test_allow_nonfinite_keeps_them_and_gae_refuses_the_file(tmp_path: Path, cli) -> None:
+    path = tmp_path / "rec.h5"
+    with RolloutWriter(path, num_envs=3, allow_nonfinite=True) as writer:
+        writer.add(_small(rewards=[0.0, float("nan"), 0.0]))
+        writer.close(last_values=torch.zeros(3))
+    with h5py.File(path, "r") as handle:
+        assert np.isnan(handle["rewards"][0, 1])
+    code, _, err = cli("gae", path, "-o", tmp_path / "out.h5")
+    assert code == 1 and "field 'rewards': expected finite numbers, found 1 NaN/Inf values" in err
+
+
+@pytest.mark.parametrize(("field", "key"), [("observations", "a\x00b"), ("observations", "a/b"), ("distribution", "")])
+def test_group_keys_that_would_be_cut_or_split_are_refused(tmp_path: Path, field: str, key: str) -> None:
+    path = tmp_path / "rec.h5"
+    writer = RolloutWriter(path, num_envs=3)
+    step = _small()
+    step[field] = {key: torch.zeros(3, 2)}
+    with pytest.raises(RolloutError) as error:
+        writer.add(step)
+    writer.abort()
+    assert str(error.value) == (
+        f"{path}: step 0: field '{field}': expected keys without NUL bytes or '/', not empty or '.', found {key!r}. "
+        "Rename the key."
+    )

@@ -102,3 +102,57 @@ def test_fields_larger_than_the_cache_are_read_by_steps(files) -> None:
     k = len(TrajectoryDataset(paths[0])) - 1
     a, b = TrajectoryDataset(paths[0])[k], TrajectoryDataset(paths[0], cache_bytes=0)[k]
     assert torch.equal(a.values, b.values) and torch.equal(a.hidden_states[1][1], b.hidden_states[1][1])
+
+
+def test_rows_of_compressed_chunks_are_read_a_chunk_at_a_time(tmp_path, files) -> None:
+    """Issue 40.13: rows of a chunked, compressed field not cached: each chunk is read (decoded) once per read."""
+    import h5py
+
+    _, paths, arrays = files
+    path = write_rollout(tmp_path / "chunked.h5", arrays[0], compression="gzip", chunks=True)
+    with h5py.File(path, "r") as handle:
+        assert handle["observations/policy"].chunks[0] > 1
+    cached, direct = RolloutDataset(paths[0]), RolloutDataset(path, cache_bytes=0)
+    rows = [5, N + 3, 2 * N + 7, 5, T * N - 1, 0, 17 * N + 15]
+    reads = []
+    original = direct.reader._read
+    direct.reader._read = lambda *args: reads.append(args[2]) or original(*args)  # type: ignore[method-assign]
+    for a, b in zip(cached.__getitems__(rows), direct.__getitems__(rows), strict=True):
+        assert torch.equal(a.observations["policy"], b.observations["policy"]) and torch.equal(a.actions, b.actions)
+    with h5py.File(path, "r") as handle:
+        spans = [handle[name].chunks[0] for name in direct.names]
+    steps = np.array(rows) // N
+    assert len(reads) == sum(len(np.unique(steps // span)) for span in spans)  # one read per chunk, not per step
+
+
+def test_a_field_one_row_of_which_cannot_be_bounded_is_refused(tmp_path) -> None:
+    """Issue 40.13: a 2 GiB field of compressed zeros in a 9 MB file, chunks of 256 MiB (the audit's limit): one
+    row would decode a 256 MiB chunk; refused at once, within a small part of that memory."""
+    import resource
+    import zlib
+
+    import h5py
+
+    arrays = full_arrays(16, 8, hidden=None)
+    path = write_rollout(tmp_path / "zeros.h5", {k: v for k, v in arrays.items() if k != "observations/critic"})
+    D = (2 << 30) // (4 * 16 * 8)
+    with h5py.File(path, "a") as handle:
+        field = handle.create_dataset(
+            "observations/critic", (16, 8, D), np.float32, chunks=(2, 8, D), compression="gzip"
+        )
+        blob = zlib.compress(bytes(4 * 2 * 8 * D), 1)
+        for t in range(0, 16, 2):
+            field.id.write_direct_chunk((t, 0, 0), blob)
+    assert path.stat().st_size < 16 << 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for kind in (RolloutDataset, TrajectoryDataset):
+        with pytest.raises(RolloutError) as error:
+            kind(path)
+        assert str(error.value) == (
+            f"{path}: field 'observations/critic': expected one row readable within read_bytes=67108864, found "
+            f"compressed chunks [2, 8, {D}] of 268435456 bytes decoded whole per row. Re-save the file with smaller "
+            "chunks, or pass read_bytes=268435456 (or more)."
+        )
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 < 64 << 20
+    dataset = RolloutDataset(path, read_bytes=256 << 20, fields=["actions", "observations/critic"])
+    assert dataset[3].observations["critic"].shape == (1, D) and not dataset[3].observations["critic"].any()

@@ -165,3 +165,55 @@ def test_from_hdf5_observations_are_a_tensordict(tmp_path: Path) -> None:
     plain = RolloutStorage.from_hdf5(path, tensordict=False)
     assert isinstance(plain.observations, dict)
     assert torch.equal(plain.observations["policy"], storage.observations["policy"])
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_mini_batches_before_compute_returns_are_refused(tmp_path: Path, recurrent: bool) -> None:
+    """Issue 40.13: the zeros of a storage never computed (and a file without advantages) are not advantages."""
+    from rolloutcli.errors import RolloutError
+
+    storage = _fill(RolloutStorage, tensordict=False)
+    storage.to_hdf5(tmp_path / "raw.h5")
+    loaded = RolloutStorage.from_hdf5(tmp_path / "raw.h5")
+    name = "recurrent_mini_batch_generator" if recurrent else "mini_batch_generator"
+    found = "the zeros of a storage whose compute_returns() was never called (and whose file held none)"
+    for where, source in (("RolloutStorage", storage), (str(tmp_path / "raw.h5"), loaded)):
+        with pytest.raises(RolloutError) as error:
+            next(getattr(source, name)(2, 1))
+        assert str(error.value) == (
+            f"{where}: field 'advantages': expected advantages and returns computed before mini-batches, found "
+            f"{found}. Call storage.compute_returns() first."
+        )
+    storage.last_values = torch.zeros(4, 1)
+    storage.compute_returns()
+    assert next(getattr(storage, name)(2, 1)).advantages.abs().sum() > 0
+
+
+def test_from_hdf5_holds_one_copy_of_a_large_field(tmp_path: Path) -> None:
+    """Issue 40.13: a 512 MiB field of compressed zeros loads within one copy of it and a chunk (the storage was
+    built with buffers of its own, then given the loaded ones: twice the field); measured in a fresh process
+    against its own baseline."""
+    import subprocess
+    import sys
+    import zlib
+
+    T, N, D = 16, 8, (512 << 20) // (4 * 16 * 8)
+    arrays = rollout_arrays(T, N, hidden=None)
+    path = write_rollout(tmp_path / "zeros.h5", {k: v for k, v in arrays.items() if k != "observations/critic"})
+    with h5py.File(path, "a") as handle:
+        field = handle.create_dataset(
+            "observations/critic", (T, N, D), np.float32, chunks=(1, 8, D), compression="gzip"
+        )
+        blob = zlib.compress(bytes(4 * 8 * D), 1)
+        for t in range(T):
+            field.id.write_direct_chunk((t, 0, 0), blob)
+    script = (
+        "import resource, sys, torch, tensordict\n"
+        "from rolloutcli import RolloutStorage\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "storage = RolloutStorage.from_hdf5(sys.argv[1])\n"
+        f"assert storage.observations['critic'].shape == (16, 8, {D}) and storage.returns.shape == (16, 8, 1)\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
+    assert int(out.stdout) < (512 << 20) * 1.3, out.stdout

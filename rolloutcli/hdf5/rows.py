@@ -4,11 +4,14 @@ Files are checked once (``describe``: the schema and every value check) when the
 lazily by each process that reads rows: a ``DataLoader`` worker opens its own handles, and a handle opened before
 a fork is never used after it (HDF5 handles do not survive ``fork``). Each process keeps whole fields in memory,
 least recently used first out, up to ``cache_bytes``: random rows of a chunked (compressed) field would decode a
-whole chunk per row. A field larger than that is read step by step.
+whole chunk per row. A field larger than that is read by the rows asked for, the steps one chunk holds at once
+(each chunk decoded once per read); ``read_bytes`` bounds what one row costs to read (its bytes, or the chunk
+libhdf5 decodes whole to get at it, when compressed): a field over it is refused when the dataset is built.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -18,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.safety import SafetyOptions
 
@@ -32,6 +36,28 @@ class FileInfo:
     fields: dict[str, tuple[str, tuple[int, ...]]]  # dataset path -> (normalised dtype, row shape)
     distribution: list[str]  # distribution parameter names in tuple order
     dones: np.ndarray  # [T, N] uint8 (trajectories are cut there)
+    row_cost: dict[str, tuple[int, str]]  # dataset path -> (bytes read to get one row, what they are)
+
+
+def _row_cost(spec: Any, row: tuple[int, ...]) -> tuple[int, str]:
+    """Bytes libhdf5 handles to read one row of a field: the row, or a compressed chunk decoded whole."""
+    row_bytes = math.prod(row) * spec.dtype.itemsize
+    if spec.chunks is not None and spec.compression:
+        chunk_bytes = math.prod(spec.chunks) * spec.dtype.itemsize
+        if chunk_bytes > row_bytes:
+            return chunk_bytes, f"compressed chunks {list(spec.chunks)} of {chunk_bytes} bytes decoded whole per row"
+    return row_bytes, f"rows of {row_bytes} bytes"
+
+
+def check_row_costs(info: FileInfo, names: Sequence[str], read_bytes: int) -> None:
+    """Refuse a field one row of which cannot be read within ``read_bytes``."""
+    for name in names:
+        cost, what = info.row_cost[name]
+        if cost > read_bytes:
+            raise RolloutError.field(
+                info.path, name, f"one row readable within read_bytes={read_bytes}", what,
+                f"Re-save the file with smaller chunks, or pass read_bytes={cost} (or more).", exit_code=EXIT_USAGE,
+            )  # fmt: skip
 
 
 def describe_files(paths: Sequence[Path], safety: SafetyOptions) -> list[FileInfo]:
@@ -39,23 +65,26 @@ def describe_files(paths: Sequence[Path], safety: SafetyOptions) -> list[FileInf
     out = []
     for path in paths:
         with RolloutReader(path, safety) as reader:
-            fields = {}
+            fields, costs = {}, {}
             for name, spec in reader.schema.fields.items():
                 if spec.role == "extra" or spec.env_axis is None:
                     continue
                 dtype, shape = reader.normalized(name, 0, 1)
                 row = (shape[1], shape[3]) if spec.role == "hidden" else tuple(shape[2:])
                 fields[name] = (np.dtype(dtype).str, row)
+                costs[name] = _row_cost(spec, row)
             order = reader.distribution_order() if reader.schema.names("distribution") else []
-            out.append(FileInfo(Path(path), reader.T, reader.N, fields, order, reader.array("dones")))
+            out.append(FileInfo(Path(path), reader.T, reader.N, fields, order, reader.array("dones"), costs))
     return out
 
 
 class RowReader:
     """Per-process handles on a list of files, and reads of rows or step ranges of their fields."""
 
-    def __init__(self, paths: Sequence[Path], safety: SafetyOptions, cache_bytes: int = 256 << 20) -> None:
-        self.paths = list(paths)
+    def __init__(
+        self, paths: Sequence[Path], safety: SafetyOptions, cache_bytes: int = 256 << 20, read_bytes: int = 64 << 20
+    ) -> None:
+        self.paths, self.read_bytes = list(paths), read_bytes
         self.safety = safety
         self.cache_bytes = cache_bytes
         self._pid = -1
@@ -64,7 +93,7 @@ class RowReader:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"paths": self.paths, "safety": self.safety, "cache_bytes": self.cache_bytes, "_pid": -1,
-                "_open": {}, "_cache": OrderedDict()}  # fmt: skip
+                "read_bytes": self.read_bytes, "_open": {}, "_cache": OrderedDict()}  # fmt: skip
 
     def _reader(self, file: int) -> RolloutReader:
         if self._pid != os.getpid():  # a new process (a DataLoader worker, a fork): open its own handles
@@ -101,10 +130,21 @@ class RowReader:
             return whole[steps, envs]
         unique, inverse = np.unique(rows, return_inverse=True)
         steps, envs = np.divmod(unique, reader.N)
+        spec = reader.schema.fields[name]
+        span = spec.chunks[0] if spec.chunks is not None and spec.compression else 1  # steps one chunk holds
+        row_bytes = spec.nbytes // max(1, reader.T * reader.N)
         parts = []
-        for t in np.unique(steps):
-            columns = envs[steps == t].tolist()
-            parts.append(self._read(reader, name, slice(int(t), int(t) + 1), columns)[0])
+        for first in np.unique(steps // span) * span:  # each chunk's steps in one read: decoded once
+            mine = (steps >= first) & (steps < first + span)
+            low, high = int(steps[mine].min()), int(steps[mine].max()) + 1
+            columns = np.unique(envs[mine])
+            if (
+                high - low > 1 and (high - low) * len(columns) * row_bytes > self.read_bytes
+            ):  # one step at a time: within the bound
+                parts += [self.rows(file, name, unique[mine & (steps == t)]) for t in np.unique(steps[mine])]
+                continue
+            block = self._read(reader, name, slice(low, high), columns.tolist())
+            parts.append(block[steps[mine] - low, np.searchsorted(columns, envs[mine])])
         return np.concatenate(parts)[inverse]
 
     def steps(self, file: int, name: str, start: int, stop: int, env: int) -> np.ndarray:

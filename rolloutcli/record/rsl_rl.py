@@ -19,7 +19,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from rolloutcli.errors import EXIT_IO, RolloutError
 from rolloutcli.record.folder import recording_folder
+from rolloutcli.record.waiting import listing, wait_settled
 from rolloutcli.record.worker import publish
 
 RECORDER = "rolloutcli.record.rsl_rl"
@@ -78,16 +80,32 @@ class RslRlRecorder:
         return list(self._files)
 
     def _settle(self, wait: bool = True) -> BaseException | None:
-        """Move the published files (all of them: ``wait``) to ``files``; the first failure, forgotten once
-        returned."""
-        error = None
-        while self._pending and (wait or self._pending[0].done()):
-            future = self._pending.pop(0)
-            if future.exception() is None:
-                self._files.append(future.result())
-            else:
-                error = error or future.exception()
-        return error
+        """Move the published files (all of them: ``wait``, each within ``PUBLISH_WAIT_S``) to ``files``; a
+        failure comes back as one ``RolloutError`` naming exactly the files published and those not, forgotten once
+        returned (a recording not settled in time stays pending and is raised at once)."""
+        failed: list[tuple[Path, BaseException]] = []
+        try:
+            while self._pending and (wait or self._pending[0].done()):
+                error = wait_settled(self._pending[0])
+                future = self._pending.pop(0)
+                if error is None:
+                    self._files.append(future.result())
+                else:
+                    failed.append((getattr(future, "path", "?"), error))
+        except RolloutError as late:
+            raise self._report(late, [getattr(f, "path", "?") for f in self._pending]) from None
+        if not failed:
+            return None
+        return self._report(failed[0][1], [path for path, _ in failed])
+
+    def _report(self, error: BaseException, lost: list[Any]) -> RolloutError:
+        """``error`` (the first failure) with the files published so far and those not, named exactly."""
+        in_flight = [getattr(f, "path", "?") for f in self._pending if getattr(f, "path", "?") not in lost]
+        more = f"; still being written: {listing(in_flight)}" if in_flight else ""
+        return RolloutError(
+            f"{error} Published: {listing(self._files)}; not published: {listing(lost)}{more}.",
+            exit_code=getattr(error, "exit_code", EXIT_IO),
+        )
 
     def learn(self, *args: Any, **kwargs: Any) -> Any:
         """The runner's ``learn``; returns once this run's files are published (or raises what failed)."""

@@ -42,6 +42,7 @@ import numpy as np
 
 from rolloutcli.core.host import numpy_storable
 from rolloutcli.errors import EXIT_IO, RolloutError
+from rolloutcli.record.waiting import wait_settled
 
 _IN_FLIGHT = 2  # recordings handed over and not yet published
 _ALIGN = 64  # each array of a slot starts on a cache line
@@ -57,10 +58,6 @@ class _Ref:
 
     def __reduce__(self) -> tuple[type, tuple[int, tuple[int, ...], str]]:
         return (_Ref, (self.offset, self.shape, self.dtype))
-
-
-def _is_array(value: Any) -> bool:
-    return isinstance(value, np.ndarray) or hasattr(value, "detach")
 
 
 def _dtype(value: Any) -> np.dtype:
@@ -79,7 +76,7 @@ def _layout(tree: Any, leaves: list[Any], offset: list[int]) -> Any:
         return {key: _layout(value, leaves, offset) for key, value in tree.items()}
     if isinstance(tree, tuple | list):
         return tuple(_layout(value, leaves, offset) for value in tree)
-    if not _is_array(tree):
+    if not (isinstance(tree, np.ndarray) or hasattr(tree, "detach")):  # not an array
         return tree
     value = numpy_storable(tree)  # copied into the slot from any device
     ref = _Ref(offset[0], tuple(value.shape), _dtype(value).str)
@@ -212,6 +209,7 @@ class _Child:
 
     def hand(self, ident: int, path: Path, fd: int, message: Any) -> Future[Path]:
         future: Future[Path] = Future()
+        future.path, future.pid = path, self.process.pid  # type: ignore[attr-defined]  # for wait_settled
         with self.lock:  # _read fails every waiting future once the child has ended
             alive = self.alive
             if alive:
@@ -252,8 +250,9 @@ class _Publisher:
         skeleton = _layout(job, leaves, size)
         with self.lock:
             self.held = [future for future in self.held if not future.done()]
-            while len(self.held) >= _IN_FLIGHT:  # memory stays bounded: wait for the oldest
-                self.held.pop(0).exception()
+            while len(self.held) >= _IN_FLIGHT:  # memory stays bounded: wait for the oldest (a bounded wait)
+                wait_settled(self.held[0])
+                self.held.pop(0)
             slot = self._slot(max(1, size[0]))
             slot.fill(leaves)
             if self.child is None or not self.child.alive:
@@ -301,10 +300,10 @@ def publish(job: dict[str, Any]) -> Future[Path]:
 
 
 def _cwd() -> str | None:
-    try:
+    """The current folder (None when it was removed: only absolute paths can be written)."""
+    with contextlib.suppress(OSError):
         return os.getcwd()
-    except OSError:  # the folder was removed: only absolute paths can be written
-        return None
+    return None
 
 
 def _write_slot(fd: int, size: int, skeleton: dict[str, Any], cwd: str | None) -> tuple[str, int] | None:
@@ -355,11 +354,10 @@ class _Stop:
 
 
 def _yield_to_training() -> None:
-    """Run (this thread and those it starts) only where the training leaves a CPU idle (Linux's SCHED_IDLE):
-    woken beside torch's threads, the writer would hold one of them up at every parallel region. Held back (other
-    processes keeping every CPU busy), it makes the loop wait on the two-recording bound, and the waiting loop's
-    CPU then runs it: no worse than writing in the loop (benchmarks/README.md). Every thread already started
-    (numpy's BLAS pool) too; not Linux: normal priority."""
+    """Run (this thread, those it starts and those already started: numpy's BLAS pool) only where the training
+    leaves a CPU idle (Linux's SCHED_IDLE; elsewhere normal priority): woken beside torch's threads, the writer would
+    hold one up at every parallel region. Held back (other processes keeping every CPU busy), it makes the loop
+    wait on the two-recording bound, and the waiting loop's CPU then runs it (benchmarks/README.md)."""
     tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
     for task in tasks:
         with contextlib.suppress(AttributeError, OSError):

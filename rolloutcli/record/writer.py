@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+import rolloutcli.record.checks as checks
 from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5.append import AppendFile
 from rolloutcli.hdf5.writer import to_numpy
@@ -74,8 +75,12 @@ class RolloutWriter:
     """Write a rollout file step by step: ``add(step)`` per step, then ``close(last_values=...)``.
 
     ``num_steps``: the most steps accepted (None: any). ``compression``: None, ``"gzip"`` or ``"lzf"``.
-    ``gamma``/``lam`` (when given) and ``attrs`` are stored as root attributes; ``recorded_from_reset``: every
-    env's first step starts an episode. Usable as a context manager: an exception inside discards the file.
+    ``gamma``/``lam`` (when given) and ``attrs`` are stored as root attributes (``attrs`` may not set those the
+    writer or the format sets: ``rolloutcli_format``, ``format_version``, ``timeouts_bootstrapped``, ...);
+    ``recorded_from_reset``: every env's first step starts an episode. NaN/Inf in ``rewards``, ``values``,
+    ``final_values`` (at done steps) or ``last_values`` is refused, naming the step and env, unless
+    ``allow_nonfinite`` (kept as given; ``gae`` then refuses the file). Usable as a context manager: an exception
+    inside discards the file.
     """
 
     def __init__(
@@ -91,11 +96,13 @@ class RolloutWriter:
         recorder: str = "rolloutcli.record.RolloutWriter",
         attrs: dict[str, Any] | None = None,
         overwrite: bool = False,
+        allow_nonfinite: bool = False,
     ) -> None:
+        checks.check_attrs(path, attrs or {})
         if num_envs < 1 or (num_steps is not None and num_steps < 1):
             raise ValueError(f"num_envs and num_steps must be positive, found {num_envs} and {num_steps}")
         self.path, self.num_envs, self.num_steps = Path(path), num_envs, num_steps
-        self.steps, self.closed = 0, False
+        self.steps, self.closed, self.allow_nonfinite = 0, False, allow_nonfinite
         self._pending: Future[Any] | None = None  # the last job handed to the I/O thread
         self._schema: dict[str, tuple[tuple[int, ...], np.dtype]] = {}  # dataset -> per-step shape, dtype
         self._blocks: dict[str, np.ndarray] = {}  # dataset -> [capacity, ...] rows being filled
@@ -197,15 +204,19 @@ class RolloutWriter:
                 continue
             if key in GROUPS and hasattr(value, "items"):  # a dict or TensorDict of groups
                 for name, part in value.items():
+                    checks.check_group_key(f"{self.path}: step {self.steps}", key, name)
                     arrays[f"{key}/{name}"] = _host(part)
                     if key == "distribution" and name not in self._order:
                         self._order.append(name)
             elif key in GROUPS:
                 arrays[f"{key}/policy" if key != "distribution" else key] = _host(value)
             elif key == "extras":  # more [N, ...] datasets, stored under their own names
-                arrays.update({f"extras:{name}": _host(part) for name, part in dict(value).items()})
+                for name, part in dict(value).items():
+                    checks.check_extras_name(f"{self.path}: step {self.steps}", name)
+                    arrays[f"extras:{name}"] = _host(part)
             elif key == "hidden_states":
                 for net, state in dict(value).items():
+                    checks.check_group_key(f"{self.path}: step {self.steps}", key, net)
                     parts = state if isinstance(state, tuple | list) else (state,)
                     for i, part in enumerate(parts):
                         arrays[f"hidden_states/{net}/{i}"] = _host(part)
@@ -245,11 +256,23 @@ class RolloutWriter:
                 )  # fmt: skip
         for name, value in flags.items():
             arrays[name] = value.astype(np.uint8)
+        self._check_finite(arrays)
         for name, value in arrays.items():
             self._against_schema(name, value[0])
         absent = [n for n in self._schema if n not in arrays and not n.startswith(SPARSE)]
         if absent:
             raise self._error(absent[0], "a value at every step (given at step 0)", "nothing")
+
+    def _check_finite(self, arrays: dict[str, np.ndarray]) -> None:
+        """Refuse NaN/Inf where ``gae`` computes with them (final values: at done steps only)."""
+        if self.allow_nonfinite:
+            return
+        for name in ("rewards", "values", "final_values"):
+            if name in arrays:
+                at = checks.first_nonfinite(name, arrays[name], arrays["dones"] if name == "final_values" else None)
+                if at is not None:
+                    found = f"{arrays[name][at].reshape(-1)[:1][0]} at env {at[1]}"
+                    raise self._error(name, "finite numbers", found, checks.NONFINITE_FIX, at=self.steps + at[0])
 
     def _check_one(self, name: str, value: np.ndarray, N: int) -> None:
         """Check one step's ``value`` (a step of a block: every step of it has its shape and dtype)."""
@@ -324,10 +347,7 @@ class RolloutWriter:
             raise self._error("step", "at least one step before close()", "none", "Call add() first.")
         extra: dict[str, np.ndarray] = {}
         if last_values is not None:
-            value = to_numpy(last_values)
-            value = value.reshape(-1) if value.shape == (self.num_envs, 1) else value
-            if value.shape != (self.num_envs,) or value.dtype.kind != "f":
-                raise self._error("last_values", f"float [{self.num_envs}]", f"{value.dtype} {list(value.shape)}")
+            value = checks.last_values_of(self.path, to_numpy(last_values), self.num_envs, self.allow_nonfinite)
             extra["last_values"] = value
         elif "values" in self._schema:
             warnings.warn(
