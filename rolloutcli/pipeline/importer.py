@@ -20,42 +20,17 @@ import numpy as np
 
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
-from rolloutcli.hdf5.reader import H5Input
-from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION, DatasetInfo
+from rolloutcli.hdf5.reader import H5Input, RolloutReader
+from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION
 from rolloutcli.hdf5.writer import RolloutOutput
+from rolloutcli.pipeline.import_source import TensorSource, check_listing, read_metadata
+from rolloutcli.pipeline.inspect_tree import nonfinite
 from rolloutcli.pipeline.layouts import LAYOUTS, Copy, Plan, matches, plan_import, recognise, unrecognised
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
 
 MINARI_DATA = ("data/main_data.hdf5", "main_data.hdf5")
 MINARI_METADATA = "metadata.json"
-
-
-class TensorSource:
-    """A ``torch.save``d dict of tensors (an ikostrikov storage's state) read like an ``H5Input``."""
-
-    def __init__(self, path: Path) -> None:
-        import torch
-
-        self.path, self.attrs = path, {}
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch raises many kinds for a foreign pickle
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise RolloutError(
-                f"{path}: cannot load it as tensors ({first[:200]}). Save the storage's tensors as a dict: "
-                "torch.save({k: getattr(storage, k) for k in ('obs', 'masks', 'bad_masks', ...)}, path)."
-            ) from exc
-        if not isinstance(state, dict):
-            state = {}
-        self.arrays = {str(k): v.numpy() for k, v in state.items() if isinstance(v, torch.Tensor)}
-        self.datasets = {k: DatasetInfo(tuple(a.shape), a.dtype) for k, a in self.arrays.items()}
-
-    def slice(self, name: str, index: tuple[Any, ...] = ()) -> np.ndarray:
-        return self.arrays[name][index]
-
-    def close(self) -> None:
-        pass
 
 
 def _is_torch_file(path: Path) -> bool:
@@ -90,10 +65,7 @@ def _open_source(src: Path, wanted: str, run: RunOptions) -> Iterator[tuple[Any,
     if src.is_dir() or wanted == "minari":
         path, meta_path = _minari_paths(src)
         if meta_path is not None:
-            try:
-                meta = json.loads(meta_path.read_text())
-            except (OSError, ValueError) as exc:
-                raise RolloutError(f"{meta_path}: unreadable Minari metadata ({exc}).") from exc
+            meta = read_metadata(meta_path)
     if wanted in ("auto", "ikostrikov") and _is_torch_file(path):
         source: Any = TensorSource(path)
     else:
@@ -113,6 +85,7 @@ def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
                 "Pass it to the other commands as it is."
             )
         raise unrecognised(src, source.datasets, wanted)
+    check_listing(src, layout, source.datasets)
     plan = plan_import(src, layout, source.datasets, lambda name: source.slice(name))
     total = meta.get("total_episodes")
     if isinstance(total, int) and total != plan.episodes:
@@ -139,20 +112,19 @@ def run_import(
     with _open_source(src, layout, run) as (source, meta):
         plan = _plan(src, source, layout, meta)
         h5 = source if isinstance(source, H5Input) else None
-        with (
-            atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp,
-            RolloutOutput(tmp, dst, h5, early_sync=True) as out,
-        ):
-            _write(plan, source, out, run.max_memory, progress)
-            out.set_attrs(
-                {
-                    "rolloutcli_format": FORMAT_NAME,
-                    "format_version": FORMAT_VERSION,
-                    "imported_from": plan.layout,
-                    "source_file": os.path.basename(src),
-                    **plan.attrs,
-                }
-            )
+        with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
+            with RolloutOutput(tmp, dst, h5, early_sync=True) as out:
+                _write(plan, source, out, run.max_memory, progress)
+                out.set_attrs(
+                    {
+                        "rolloutcli_format": FORMAT_NAME,
+                        "format_version": FORMAT_VERSION,
+                        "imported_from": plan.layout,
+                        "source_file": os.path.basename(src),
+                        **plan.attrs,
+                    }
+                )
+            warnings = _check_output(src, tmp, run)
     return {
         "input": str(src),
         "output": str(dst),
@@ -163,7 +135,30 @@ def run_import(
         "fields": sorted({*plan.datasets, *plan.arrays, *plan.verbatim.values()}),
         "recorded_from_reset": bool(plan.attrs.get("recorded_from_reset", False)),
         "bytes_written": os.path.getsize(dst),
+        "warnings": warnings,
     }
+
+
+def _check_output(src: Path, tmp: Path, run: RunOptions) -> list[str]:
+    """The format contract on the file about to be published (every problem at once, exit 1: nothing is
+    published); the warnings for what is legal but unusual (NaN/Inf observations)."""
+    try:
+        with RolloutReader(tmp, run.safety, budget=run.max_memory) as reader:
+            names = [n for n in reader.schema.names("observation") if reader.datasets[n].dtype.kind == "f"]
+            found = nonfinite(reader, names, run.max_memory)
+    except RolloutError as error:
+        problems = [p.replace(str(tmp), str(src)).removeprefix(f"{src}: ") for p in error.problems]
+        count = f"{len(problems)} problems: " if len(problems) > 1 else ""
+        joined = "; ".join([*(p.removesuffix(".") for p in problems[:-1]), problems[-1]])
+        raise RolloutError(
+            f"{src}: would import as a rollout file the other commands refuse; nothing written. {count}{joined}",
+            problems=[f"{src}: {p}" for p in problems],
+        ) from None
+    return [
+        f"{src}: field '{row['dataset']}': {row['count']} NaN/Inf values (first at step {row['first_step']}); "
+        "kept as they are: observations may hold them, check that they are meant."
+        for row in found
+    ]
 
 
 def _row_bytes(source: Any, name: str) -> int:

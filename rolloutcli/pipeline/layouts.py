@@ -18,6 +18,7 @@ import numpy as np
 
 from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.fields import field_of
+from rolloutcli.pipeline.import_source import episode_key
 
 LAYOUTS = ("ikostrikov", "d4rl", "minari", "robomimic")  # recognised in this order
 # What each layout is recognised by (the datasets it must have), for the "unrecognised layout" message.
@@ -66,7 +67,7 @@ Reader = Callable[[str], np.ndarray]
 def _episode_groups(listing: Listing, pattern: str) -> list[str]:
     """Group paths matching ``pattern`` (one group: the integer id) in id order (demo_2 before demo_10)."""
     regex = re.compile(pattern)
-    found = {m.group(0): int(m.group(1)) for name in listing if (m := regex.match(name))}
+    found = {m.group(0): episode_key(m.group(1)) for name in listing if (m := regex.match(name))}
     return sorted(found, key=found.get)
 
 

@@ -1,0 +1,179 @@
+"""What ``import`` reads before it plans: a ``torch.save`` source read tensor by tensor, Minari's metadata.json
+parsed within bounds, and a source's datasets checked for shapes and kinds before any is indexed.
+
+Every refusal is one line (exit 1) naming the file, the dataset or key, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rolloutcli.errors import RolloutError, problem_line
+from rolloutcli.hdf5.schema import DatasetInfo
+
+MAX_METADATA_BYTES = 16 * 2**20  # Minari writes a few kilobytes
+MAX_METADATA_DEPTH = 64
+PLAIN_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")  # a tensor's key becomes a dataset name
+# Flag datasets read whole to find episode ends: [rows, ...] with at least one number per row.
+FLAGS = {
+    "d4rl": ("terminals", "timeouts"),
+    "ikostrikov": ("masks", "bad_masks"),
+    "minari": ("terminations", "truncations"),
+    "robomimic": ("dones",),
+}
+
+
+class TensorSource:
+    """A ``torch.save``d dict of tensors (an ikostrikov storage's state) read like an ``H5Input``: loaded with
+    ``mmap=True``, each tensor converted only when its rows are read."""
+
+    def __init__(self, path: Path) -> None:
+        import torch
+
+        self.path, self.attrs = path, {}
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:  # torch raises many kinds for a foreign pickle
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise RolloutError(
+                f"{path}: cannot load it as tensors ({first[:200]}). Save the storage's tensors as a dict: "
+                "torch.save({k: getattr(storage, k) for k in ('obs', 'masks', 'bad_masks', ...)}, path)."
+            ) from exc
+        if not isinstance(state, dict):
+            state = {}
+        self.tensors = {_key(path, k): _tensor(path, k, v) for k, v in state.items()}
+        self.datasets = {k: DatasetInfo(tuple(t.shape), _numpy_dtype(t)) for k, t in self.tensors.items()}
+
+    def slice(self, name: str, index: tuple[Any, ...] = ()) -> np.ndarray:
+        tensor = self.tensors[name].detach().resolve_conj().resolve_neg()
+        return np.array(tensor[index].numpy()) if index else np.array(tensor.numpy())
+
+    def close(self) -> None:
+        self.tensors.clear()
+
+
+def _key(path: Path, key: object) -> str:
+    if not isinstance(key, str) or not PLAIN_KEY.match(key):
+        raise RolloutError(
+            f"{path}: key {str(key)[:80]!r}: expected a plain name (letters, digits, _ . -), found another; "
+            "it cannot name a dataset. Save the tensors under plain keys."
+        )
+    return key
+
+
+def _tensor(path: Path, key: str, value: Any) -> Any:
+    """``value`` when it is a dense CPU tensor numpy can hold; else a one-line refusal naming ``key``."""
+    import torch
+
+    found = None
+    if not isinstance(value, torch.Tensor):
+        found = f"a {type(value).__name__}"
+    elif value.layout != torch.strided:
+        found = f"a {str(value.layout).removeprefix('torch.')} tensor"
+    elif value.device.type != "cpu":
+        found = f"a tensor on device '{value.device.type}' (no data)"
+    elif value.is_quantized:
+        found = "a quantized tensor"
+    elif value.dtype in (torch.bfloat16,) or _numpy_dtype(value) is None:
+        found = f"dtype {str(value.dtype).removeprefix('torch.')}"
+    if found is None:
+        return value
+    raise RolloutError(
+        problem_line(
+            path,
+            key,
+            "a dense CPU tensor of a numpy dtype (bool, integers, float16/32/64, complex)",
+            found,
+            "Convert it before saving (tensor.to_dense().float().cpu()), or leave it out of the dict.",
+        )
+    )
+
+
+def _numpy_dtype(tensor: Any) -> np.dtype | None:
+    import torch
+
+    try:
+        return torch.empty(0, dtype=tensor.dtype).numpy().dtype
+    except (TypeError, RuntimeError):
+        return None
+
+
+def read_metadata(meta_path: Path) -> dict[str, Any]:
+    """Minari's metadata.json: a JSON object of at most ``MAX_METADATA_BYTES``, nested at most
+    ``MAX_METADATA_DEPTH`` deep (checked before parsing)."""
+    try:
+        size = meta_path.stat().st_size
+        if size > MAX_METADATA_BYTES:
+            raise RolloutError(
+                f"{meta_path}: expected Minari metadata of at most {MAX_METADATA_BYTES // 2**20} MiB, found "
+                f"{size} bytes. Check that this is the metadata.json Minari wrote."
+            )
+        text = meta_path.read_text(errors="replace")
+    except OSError as exc:
+        raise RolloutError(f"{meta_path}: unreadable Minari metadata ({exc}).", exit_code=3) from exc
+    depth = _depth(text)
+    if depth > MAX_METADATA_DEPTH:
+        raise RolloutError(
+            f"{meta_path}: expected Minari metadata nested at most {MAX_METADATA_DEPTH} deep, found {depth} "
+            "levels. Check that this is the metadata.json Minari wrote."
+        )
+    try:
+        meta = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise RolloutError(f"{meta_path}: unreadable Minari metadata ({str(exc)[:200]}).") from exc
+    if not isinstance(meta, dict):
+        raise RolloutError(
+            f"{meta_path}: expected Minari metadata as a JSON object, found a JSON {type(meta).__name__}. "
+            "Check that this is the metadata.json Minari wrote."
+        )
+    return meta
+
+
+def _depth(text: str) -> int:
+    """How deep ``text``'s brackets nest outside strings (an upper bound on the JSON's depth)."""
+    depth = deepest = 0
+    for token in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]', text):
+        mark = token.group(0)
+        if mark in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif mark in "]}":
+            depth -= 1
+    return deepest
+
+
+def episode_key(number: str) -> tuple[int, str]:
+    """The order of an episode's digits (demo_2 before demo_10) without int(): names may hold thousands."""
+    digits = number.lstrip("0")
+    return len(digits), digits
+
+
+def check_listing(path: object, layout: str, listing: dict[str, Any]) -> None:
+    """Refuse (one line) a flag dataset that is not ``[rows, ...]`` numbers with a value per row, or a
+    per-step dataset the plan indexes by rows that has no rows axis."""
+    names = set(FLAGS[layout])
+    for name, info in listing.items():
+        leaf = name.rsplit("/", 1)[-1]
+        nested = layout in ("minari", "robomimic") and name.count("/") == (1 if layout == "minari" else 2)
+        if (leaf in names and (nested or "/" not in name)) and (
+            not info.shape or math.prod(info.shape[1:]) == 0 or info.dtype.kind not in "biuf"
+        ):
+            raise RolloutError(
+                problem_line(
+                    path,
+                    name,
+                    "one flag per step: shape [rows] or [rows, ...] of numbers, at least one per row",
+                    f"shape {list(info.shape)}, dtype {info.dtype}",
+                    "Re-export the recording with its episode-end flags.",
+                )
+            )
+        if leaf == "actions" and not info.shape:
+            raise RolloutError(
+                problem_line(path, name, "one row per step", "a scalar dataset", "Re-export the recording.")
+            )

@@ -1,0 +1,201 @@
+"""``rolloutcli import`` on malformed and hostile sources of every layout: one line, the right exit code, nothing
+written; and nothing published that another command would refuse (issue 40, import items 1-2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from import_factory import make_d4rl, make_ikostrikov, make_robomimic, write_arrays
+
+
+def _refused(cli, tmp_path: Path, src: Path, code: int = 1) -> str:
+    out = tmp_path / "out.h5"
+    got, _, err = cli("import", src, "-o", out, "-q")
+    assert got == code, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if "rolloutcli-tmp" in p.name]
+    return err.strip().removeprefix("error: ")
+
+
+def _d4rl(tmp_path: Path, **replace: object) -> Path:
+    src = make_d4rl(tmp_path / "d4rl.hdf5", [3, 4])
+    with h5py.File(src, "a") as f:
+        for name, value in replace.items():
+            del f[name]
+            f[name] = value
+    return src
+
+
+def _torch(tmp_path: Path, **replace: object) -> Path:
+    state = {k: torch.as_tensor(v) for k, v in make_ikostrikov(5, 2).items()}
+    state.update(replace)
+    torch.save(state, tmp_path / "storage.pt")
+    return tmp_path / "storage.pt"
+
+
+def _minari(tmp_path: Path, metadata: str) -> Path:
+    folder = tmp_path / "minari"
+    (folder / "data").mkdir(parents=True)
+    with h5py.File(folder / "data" / "main_data.hdf5", "w") as f:
+        f["episode_0/observations"] = np.zeros((4, 2), np.float32)
+        f["episode_0/actions"], f["episode_0/rewards"] = np.zeros((3, 1)), np.zeros(3)
+        f["episode_0/terminations"], f["episode_0/truncations"] = np.array([0, 0, 1], bool), np.zeros(3, bool)
+    (folder / "data" / "metadata.json").write_text(metadata)
+    return folder
+
+
+FLAG = "one flag per step: shape [rows] or [rows, ...] of numbers, at least one per row"
+
+
+def test_d4rl_terminals_without_columns(tmp_path: Path, cli) -> None:
+    src = _d4rl(tmp_path, terminals=np.zeros((7, 0), bool))
+    assert _refused(cli, tmp_path, src) == (
+        f"{src}: field 'terminals': expected {FLAG}, found shape [7, 0], dtype bool. "
+        "Re-export the recording with its episode-end flags."
+    )
+
+
+def test_ikostrikov_masks_without_columns(tmp_path: Path, cli) -> None:
+    arrays = make_ikostrikov(5, 2)
+    arrays["masks"] = np.zeros((6, 2, 0), np.float32)
+    src = write_arrays(tmp_path / "storage.h5", arrays)
+    assert f"field 'masks': expected {FLAG}, found shape [6, 2, 0], dtype float32." in _refused(cli, tmp_path, src)
+
+
+def test_robomimic_scalar_actions(tmp_path: Path, cli) -> None:
+    src = make_robomimic(tmp_path / "demo.hdf5", [3, 2])
+    with h5py.File(src, "a") as f:
+        del f["data/demo_0/actions"]
+        f["data/demo_0/actions"] = np.float32(1)
+    assert _refused(cli, tmp_path, src) == (
+        f"{src}: field 'data/demo_0/actions': expected one row per step, found a scalar dataset. "
+        "Re-export the recording."
+    )
+
+
+def test_episode_number_of_5000_digits(tmp_path: Path, cli) -> None:
+    """An episode number past Python's int-string limit orders like any other (by its digits)."""
+    src = make_robomimic(tmp_path / "demo.hdf5", [3, 2])
+    with h5py.File(src, "a") as f:
+        f.move("data/demo_1", "data/demo_" + "9" * 5000)
+    code, out, err = cli("import", src, "-o", tmp_path / "out.h5", "--json")
+    assert code == 0, err
+    assert json.loads(out)["episodes"] == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("[1, 2]", "expected Minari metadata as a JSON object, found a JSON list."),
+        ("[" * 100_000 + "]" * 100_000, "expected Minari metadata nested at most 64 deep, found 100000 levels."),
+        ('{"a": "' + "x" * (17 * 2**20) + '"}', "expected Minari metadata of at most 16 MiB, found 17825801 bytes."),
+    ],
+)
+def test_minari_metadata_bounded(tmp_path: Path, cli, text: str, found: str) -> None:
+    folder = _minari(tmp_path, text)
+    assert _refused(cli, tmp_path, folder) == (
+        f"{folder / 'data' / 'metadata.json'}: {found} Check that this is the metadata.json Minari wrote."
+    )
+
+
+TENSOR = "a dense CPU tensor of a numpy dtype (bool, integers, float16/32/64, complex)"
+TENSOR_FIX = "Convert it before saving (tensor.to_dense().float().cpu()), or leave it out of the dict."
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "found"),
+    [
+        ("obs", torch.zeros(6, 2, 4, dtype=torch.bfloat16), "dtype bfloat16"),
+        ("rewards", torch.zeros(5, 2, 1).to_sparse(), "a sparse_coo tensor"),
+        ("obs", torch.empty(6, 2, 4, device="meta"), "a tensor on device 'meta' (no data)"),
+        ("extra", {"a": torch.zeros(2)}, "a dict"),
+    ],
+)
+def test_torch_source_tensors_refused(tmp_path: Path, cli, key: str, value: object, found: str) -> None:
+    src = _torch(tmp_path, **{key: value})
+    assert _refused(cli, tmp_path, src) == f"{src}: field '{key}': expected {TENSOR}, found {found}. {TENSOR_FIX}"
+
+
+@pytest.mark.parametrize("key", ["", "../x", "/abs", "a/b"])
+def test_torch_source_keys_refused(tmp_path: Path, cli, key: str) -> None:
+    src = _torch(tmp_path, **{key: torch.zeros(3)})
+    assert _refused(cli, tmp_path, src) == (
+        f"{src}: key {key!r}: expected a plain name (letters, digits, _ . -), found another; it cannot name a "
+        "dataset. Save the tensors under plain keys."
+    )
+
+
+def test_torch_source_requires_grad_is_read(tmp_path: Path, cli) -> None:
+    obs = torch.as_tensor(make_ikostrikov(5, 2)["obs"]).requires_grad_(True)
+    src = _torch(tmp_path, obs=obs)
+    code, _, err = cli("import", src, "-o", tmp_path / "out.h5", "-q")
+    assert code == 0, err
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert np.array_equal(f["observations/policy"][:], obs.detach().numpy()[:5])
+
+
+def test_torch_source_conjugated_complex_is_refused_by_the_contract(tmp_path: Path, cli) -> None:
+    src = _torch(tmp_path, obs=torch.zeros(6, 2, 4, dtype=torch.complex64).conj())
+    err = _refused(cli, tmp_path, src)
+    assert (
+        "field 'observations/policy': expected a numeric dtype (bool, integer or float), found dtype complex64" in err
+    )
+
+
+REFUSE = "would import as a rollout file the other commands refuse; nothing written."
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        (
+            "rewards",
+            np.full(7, np.nan, np.float32),
+            "field 'rewards': expected finite numbers, found 7 NaN/Inf values.",
+        ),
+        (
+            "rewards",
+            np.array([b"a"] * 7),
+            "field 'rewards': expected a numeric dtype (bool, integer or float), found dtype |S1.",
+        ),
+        ("rewards", np.zeros((7, 3), np.float32), "field 'rewards': expected shape [T, N] = [7, 1] (or [7, 1, 1]), "),
+        (
+            "observations",
+            np.zeros((7, 3), np.complex64),
+            "field 'observations/policy': expected a numeric dtype (bool, integer or float), found dtype complex64.",
+        ),
+    ],
+)
+def test_contract_runs_before_publishing(tmp_path: Path, cli, name: str, value: np.ndarray, problem: str) -> None:
+    src = _d4rl(tmp_path, **{name: value})
+    err = _refused(cli, tmp_path, src)
+    assert err.startswith(f"{src}: {REFUSE} ") and problem in err, err
+
+
+def test_contract_reports_every_problem_at_once(tmp_path: Path, cli) -> None:
+    arrays = make_ikostrikov(5, 2)
+    arrays["value_preds"] = np.zeros((6, 2, 3), np.float32)
+    src = write_arrays(tmp_path / "storage.h5", arrays)
+    assert _refused(cli, tmp_path, src) == (
+        f"{src}: {REFUSE} 2 problems: field 'last_values': expected shape [N] = [2] (or [2, 1]), found shape (2, 3); "
+        "field 'values': expected shape [T, N] = [5, 2] (or [5, 2, 1]), found shape (5, 2, 3)."
+    )
+
+
+def test_nonfinite_observations_are_kept_with_a_warning(tmp_path: Path, cli) -> None:
+    obs = np.zeros((7, 3), np.float32)
+    obs[2, 1] = np.inf
+    src = _d4rl(tmp_path, observations=obs)
+    code, out, err = cli("import", src, "-o", tmp_path / "out.h5", "--json")
+    assert code == 0, err
+    assert json.loads(out)["warnings"] == [
+        f"{src}: field 'observations/policy': 1 NaN/Inf values (first at step 2); kept as they are: observations "
+        "may hold them, check that they are meant."
+    ]
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert f["observations/policy"][2, 0, 1] == np.inf
