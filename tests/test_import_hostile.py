@@ -190,7 +190,7 @@ def test_contract_reports_every_problem_at_once(tmp_path: Path, cli) -> None:
 def test_nonfinite_observations_are_kept_with_a_warning(tmp_path: Path, cli) -> None:
     obs = np.zeros((7, 3), np.float32)
     obs[2, 1] = np.inf
-    src = _d4rl(tmp_path, observations=obs)
+    src = _d4rl(tmp_path, observations=obs, next_observations=np.concatenate([obs[1:], obs[-1:]]))
     code, out, err = cli("import", src, "-o", tmp_path / "out.h5", "--json")
     assert code == 0, err
     assert json.loads(out)["warnings"] == [
@@ -199,3 +199,42 @@ def test_nonfinite_observations_are_kept_with_a_warning(tmp_path: Path, cli) -> 
     ]
     with h5py.File(tmp_path / "out.h5") as f:
         assert f["observations/policy"][2, 0, 1] == np.inf
+
+
+def test_robomimic_demo_lacking_an_observation_key(tmp_path: Path, cli) -> None:
+    """A demo without a key the others have was imported with zeros in its place."""
+    src = make_robomimic(tmp_path / "demo.hdf5", [3, 2], next_obs=False)
+    with h5py.File(src, "a") as f:
+        del f["data/demo_1/obs/img"]
+    assert _refused(cli, tmp_path, src) == (
+        f"{src}: episode 'data/demo_1': expected 'obs/img' as other episodes store it, found it missing; importing "
+        "would fill it with zeros. Re-export the episode with every field, or remove the field from every episode."
+    )
+
+
+def test_d4rl_next_observations_that_disagree_are_kept(tmp_path: Path, cli) -> None:
+    """next_observations[t] should be observations[t + 1] inside an episode; rows that are not were dropped."""
+    src = make_d4rl(tmp_path / "d4rl.hdf5", [3, 4])
+    with h5py.File(src, "a") as f:
+        following = np.concatenate([f["observations"][1:], f["observations"][-1:] + 5])
+        following[[0, 4]] = -1  # inside episodes 0 and 1
+        following[2] = 99  # where episode 0 ends: a final observation, not a disagreement
+        f["next_observations"][...] = following
+    code, out, err = cli("import", src, "-o", tmp_path / "out.h5", "--json")
+    assert code == 0, err
+    assert json.loads(out)["warnings"] == [
+        f"{src}: field 'next_observations': 2 rows inside an episode differ from the next 'observations' row; "
+        "kept as they are in 'source/next_observations' (final_observations holds the rows where an episode ends)."
+    ]
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert np.array_equal(f["source/next_observations"][:], following)
+
+
+def test_d4rl_next_observations_that_agree_are_not_carried_twice(tmp_path: Path, cli) -> None:
+    src = make_d4rl(tmp_path / "d4rl.hdf5", [3, 4])
+    with h5py.File(src, "a") as f:
+        f["next_observations"][...] = np.concatenate([f["observations"][1:], f["observations"][-1:] + 5])
+    code, out, err = cli("import", src, "-o", tmp_path / "out.h5", "--json")
+    assert code == 0 and json.loads(out)["warnings"] == [], err
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert "source" not in f

@@ -177,3 +177,47 @@ def check_listing(path: object, layout: str, listing: dict[str, Any]) -> None:
             raise RolloutError(
                 problem_line(path, name, "one row per step", "a scalar dataset", "Re-export the recording.")
             )
+
+
+def check_episode_fields(path: object, layout: str, listing: dict[str, Any]) -> None:
+    """Every episode stores the same datasets: one lacking what another has would be imported with zeros."""
+    pattern = {"minari": r"^(episode_\d+)/(.+)$", "robomimic": r"^(data/demo_\d+)/(.+)$"}.get(layout)
+    if pattern is None:
+        return
+    regex = re.compile(pattern)
+    episodes: dict[str, set[str]] = {}
+    for name in listing:
+        if m := regex.match(name):
+            episodes.setdefault(m.group(1), set()).add(m.group(2))
+    every = set().union(*episodes.values()) if episodes else set()
+    for episode, names in episodes.items():
+        if missing := sorted(every - names):
+            raise RolloutError(
+                f"{path}: episode '{episode}': expected '{missing[0]}' as other episodes store it, found it "
+                f"missing{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; importing would fill it "
+                "with zeros. Re-export the episode with every field, or remove the field from every episode."
+            )
+
+
+def next_observation_mismatch(source: Any, listing: dict[str, Any], dones: np.ndarray, budget: int) -> dict[str, int]:
+    """D4RL: for each ``next_observations`` dataset, how many rows inside an episode (``dones`` 0) differ from
+    the next ``observations`` row (NaN equal to NaN), read in blocks of at most about ``budget`` bytes."""
+    found = {}
+    for name in listing:
+        top, _, key = name.partition("/")
+        obs = f"observations/{key}" if key else "observations"
+        if top != "next_observations" or obs not in listing or listing[obs].shape != listing[name].shape:
+            continue
+        T = listing[name].shape[0]
+        row = max(math.prod(listing[name].shape[1:]) * listing[name].dtype.itemsize, 1)
+        step, count = max(1, budget // (4 * row)), 0
+        for start in range(0, T - 1, step):
+            stop = min(start + step, T - 1)
+            ahead = source.slice(name, (slice(start, stop),))
+            after = source.slice(obs, (slice(start + 1, stop + 1),))
+            differ = (ahead != after) & ~((ahead != ahead) & (after != after))
+            differ = differ.reshape(stop - start, -1).any(axis=1) & (dones[start:stop].reshape(-1) == 0)
+            count += int(np.count_nonzero(differ))
+        if count:
+            found[name] = count
+    return found

@@ -23,7 +23,13 @@ from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import H5Input, RolloutReader
 from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION
 from rolloutcli.hdf5.writer import RolloutOutput
-from rolloutcli.pipeline.import_source import TensorSource, check_listing, read_metadata
+from rolloutcli.pipeline.import_source import (
+    TensorSource,
+    check_episode_fields,
+    check_listing,
+    next_observation_mismatch,
+    read_metadata,
+)
 from rolloutcli.pipeline.inspect_tree import nonfinite
 from rolloutcli.pipeline.layouts import LAYOUTS, Copy, Plan, matches, plan_import, recognise, unrecognised
 from rolloutcli.pipeline.options import RunOptions
@@ -86,6 +92,7 @@ def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
             )
         raise unrecognised(src, source.datasets, wanted)
     check_listing(src, layout, source.datasets)
+    check_episode_fields(src, layout, source.datasets)
     plan = plan_import(src, layout, source.datasets, lambda name: source.slice(name))
     total = meta.get("total_episodes")
     if isinstance(total, int) and total != plan.episodes:
@@ -111,6 +118,7 @@ def run_import(
     check_output_path(dst, [src], overwrite=overwrite)
     with _open_source(src, layout, run) as (source, meta):
         plan = _plan(src, source, layout, meta)
+        notes = _keep_next_observations(src, source, plan, run.max_memory)
         h5 = source if isinstance(source, H5Input) else None
         with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
             with RolloutOutput(tmp, dst, h5, early_sync=True) as out:
@@ -124,7 +132,7 @@ def run_import(
                         **plan.attrs,
                     }
                 )
-            warnings = _check_output(src, tmp, run)
+            warnings = notes + _check_output(src, tmp, run)
     return {
         "input": str(src),
         "output": str(dst),
@@ -137,6 +145,20 @@ def run_import(
         "bytes_written": os.path.getsize(dst),
         "warnings": warnings,
     }
+
+
+def _keep_next_observations(src: Path, source: Any, plan: Plan, budget: int) -> list[str]:
+    """D4RL ``next_observations`` rows that disagree with the next ``observations`` row inside an episode are
+    not a final observation: the dataset is carried whole under ``source/`` and the count said in a warning."""
+    if plan.layout != "d4rl":
+        return []
+    found = next_observation_mismatch(source, source.datasets, plan.arrays["dones"], budget)
+    plan.verbatim.update({name: f"source/{name}" for name in found})
+    return [
+        f"{src}: field '{name}': {count} rows inside an episode differ from the next 'observations' row; "
+        f"kept as they are in 'source/{name}' (final_observations holds the rows where an episode ends)."
+        for name, count in found.items()
+    ]
 
 
 def _check_output(src: Path, tmp: Path, run: RunOptions) -> list[str]:
