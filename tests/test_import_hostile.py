@@ -238,3 +238,37 @@ def test_d4rl_next_observations_that_agree_are_not_carried_twice(tmp_path: Path,
     assert code == 0 and json.loads(out)["warnings"] == [], err
     with h5py.File(tmp_path / "out.h5") as f:
         assert "source" not in f
+
+
+def _declared_huge(path: Path, T: int) -> Path:
+    """A D4RL file of a few KB declaring ``T`` unallocated steps."""
+    with h5py.File(path, "w") as f:
+        fields = [("observations", (3,), np.float32), ("actions", (2,), np.float32), ("rewards", (), np.float32)]
+        for name, row, dtype in [*fields, ("terminals", (), bool), ("timeouts", (), bool)]:
+            f.create_dataset(name, (T, *row), dtype, chunks=(4096, *row))
+    return path
+
+
+def test_declared_huge_flags_are_refused_within_the_budget(tmp_path: Path, cli) -> None:
+    src = _declared_huge(tmp_path / "huge.h5", 2**29)
+    out = tmp_path / "out.h5"
+    code, _, err = cli("import", src, "-o", out, "--max-memory", "64M")
+    assert code == 2 and not out.exists(), err
+    assert err.strip() == (
+        f"error: {src}: the episode-end flags of its d4rl layout need 5120M of memory, more than --max-memory 64M; "
+        "pass --max-memory 5120M or more."
+    )
+
+
+def test_declared_huge_output_is_refused_when_the_disk_cannot_hold_it(tmp_path: Path, cli, monkeypatch) -> None:
+    import shutil
+
+    src = _declared_huge(tmp_path / "huge.h5", 2**20)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10 << 30, 0, 5 << 20))
+    out = tmp_path / "out.h5"
+    code, _, err = cli("import", src, "-o", out)
+    assert code == 3 and not out.exists(), err
+    assert err.strip() == (
+        f"error: {out}: the output needs 26M of disk (uncompressed), 5M is free on the file system holding "
+        f"{tmp_path.resolve()}; free some space or write the output elsewhere."
+    )

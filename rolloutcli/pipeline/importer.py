@@ -23,6 +23,7 @@ from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import H5Input, RolloutReader
 from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION
 from rolloutcli.hdf5.writer import RolloutOutput
+from rolloutcli.pipeline.import_limits import check_disk, check_plan_memory, plan_bytes
 from rolloutcli.pipeline.import_source import (
     TensorSource,
     check_episode_fields,
@@ -82,7 +83,7 @@ def _open_source(src: Path, wanted: str, run: RunOptions) -> Iterator[tuple[Any,
         source.close()
 
 
-def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
+def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any], max_memory: int) -> Plan:
     layout = recognise(source.datasets) if wanted == "auto" else wanted
     if layout is None or not matches(source.datasets, layout):
         if isinstance(source, H5Input) and source.attrs_of("").get("rolloutcli_format") == FORMAT_NAME:
@@ -93,6 +94,7 @@ def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
         raise unrecognised(src, source.datasets, wanted)
     check_listing(src, layout, source.datasets)
     check_episode_fields(src, layout, source.datasets)
+    check_plan_memory(src, layout, source.datasets, max_memory)
     plan = plan_import(src, layout, source.datasets, lambda name: source.slice(name))
     total = meta.get("total_episodes")
     if isinstance(total, int) and total != plan.episodes:
@@ -117,12 +119,14 @@ def run_import(
     progress = progress or Progress()
     check_output_path(dst, [src], overwrite=overwrite)
     with _open_source(src, layout, run) as (source, meta):
-        plan = _plan(src, source, layout, meta)
+        plan = _plan(src, source, layout, meta, run.max_memory)
+        check_disk(dst, plan, source.datasets)
         notes = _keep_next_observations(src, source, plan, run.max_memory)
         h5 = source if isinstance(source, H5Input) else None
         with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
             with RolloutOutput(tmp, dst, h5, early_sync=True) as out:
-                _write(plan, source, out, run.max_memory, progress)
+                held = plan_bytes(plan.layout, source.datasets)  # the plan's flags: the copies get the rest
+                _write(plan, source, out, max(run.max_memory - held, 1 << 20), progress)
                 out.set_attrs(
                     {
                         "rolloutcli_format": FORMAT_NAME,
