@@ -272,3 +272,19 @@ def test_declared_huge_output_is_refused_when_the_disk_cannot_hold_it(tmp_path: 
         f"error: {out}: the output needs 26M of disk (uncompressed), 5M is free on the file system holding "
         f"{tmp_path.resolve()}; free some space or write the output elsewhere."
     )
+
+
+def test_torch_source_with_a_compressed_member(tmp_path: Path, cli) -> None:
+    """A compressed member cannot be memory-mapped: it was inflated whole (1.8 GB for a 1.6 MB file)."""
+    import zipfile
+
+    plain = _torch(tmp_path, returns=torch.zeros(2**16))
+    src = tmp_path / "packed.pt"
+    with zipfile.ZipFile(plain) as archive, zipfile.ZipFile(src, "w", zipfile.ZIP_DEFLATED) as packed:
+        for info in archive.infolist():
+            packed.writestr(info.filename, archive.read(info.filename))
+    first = zipfile.ZipFile(src).infolist()[0]
+    assert _refused(cli, tmp_path, src) == (
+        f"{src}: member '{first.filename}': expected torch.save's uncompressed members (read memory-mapped), found "
+        f"it compressed ({first.file_size} bytes declared). Load it with torch and save it again with torch.save."
+    )

@@ -34,6 +34,7 @@ class TensorSource:
     ``mmap=True``, each tensor converted only when its rows are read."""
 
     def __init__(self, path: Path) -> None:
+        _check_stored(path)
         import torch
 
         self.path, self.attrs = path, {}
@@ -56,6 +57,24 @@ class TensorSource:
 
     def close(self) -> None:
         self.tensors.clear()
+
+
+def _check_stored(path: Path) -> None:
+    """torch.save stores its members uncompressed, so they can be memory-mapped; a compressed one would be
+    inflated whole, whatever its declared size."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            packed = [i for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
+    except (OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise RolloutError(f"{path}: cannot read it as a torch.save archive ({str(exc)[:200]}).") from exc
+    if packed:
+        raise RolloutError(
+            f"{path}: member '{packed[0].filename[:120]}': expected torch.save's uncompressed members (read "
+            f"memory-mapped), found it compressed ({packed[0].file_size} bytes declared). Load it with torch and "
+            "save it again with torch.save."
+        )
 
 
 def _key(path: Path, key: object) -> str:
