@@ -288,3 +288,41 @@ def test_torch_source_with_a_compressed_member(tmp_path: Path, cli) -> None:
         f"{src}: member '{first.filename}': expected torch.save's uncompressed members (read memory-mapped), found "
         f"it compressed ({first.file_size} bytes declared). Load it with torch and save it again with torch.save."
     )
+
+
+def test_ikostrikov_dones_beside_source_dones(tmp_path: Path, cli) -> None:
+    """Both went to source/dones: refused as a corrupt file."""
+    arrays = make_ikostrikov(5, 2)
+    arrays["dones"], arrays["source/dones"] = np.ones((5, 2, 1), np.float32), np.full((5, 2, 1), 2, np.float32)
+    src = write_arrays(tmp_path / "storage.h5", arrays)
+    code, _, err = cli("import", src, "-o", tmp_path / "out.h5", "-q")
+    assert code == 0, err
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert np.array_equal(f["source/dones"][:], arrays["source/dones"])
+        assert np.array_equal(f["source/source/dones"][:], arrays["dones"])
+
+
+def test_hdf5_with_a_zip_appended_is_hdf5(tmp_path: Path, cli) -> None:
+    """Was taken for a torch.save file (and refused): the HDF5 signature decides first."""
+    import io
+    import zipfile
+
+    src = make_d4rl(tmp_path / "d4rl.hdf5", [3, 4])
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("x", "y")
+    with open(src, "ab") as f:
+        f.write(archive.getvalue())
+    assert zipfile.is_zipfile(src)
+    code, out, err = cli("import", src, "-o", tmp_path / "out.h5", "--json")
+    assert code == 0 and json.loads(out)["layout"] == "d4rl", err
+
+
+def test_robomimic_root_attributes_are_carried(tmp_path: Path, cli) -> None:
+    src = make_robomimic(tmp_path / "demo.hdf5", [3, 2])
+    with h5py.File(src, "a") as f:
+        f.attrs["robot"] = "panda"
+    code, _, err = cli("import", src, "-o", tmp_path / "out.h5", "-q")
+    assert code == 0, err
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert f.attrs["source_robot"] == "panda" and f.attrs["source_env_args"] == '{"env_name": "Lift"}'

@@ -40,8 +40,26 @@ MINARI_DATA = ("data/main_data.hdf5", "main_data.hdf5")
 MINARI_METADATA = "metadata.json"
 
 
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at offset 0, 512, 1024, 2048, ... (a user block before it)
+
+
+def _is_hdf5(path: Path) -> bool:
+    """The HDF5 signature at one of the offsets the format allows (an HDF5 file with a zip appended is HDF5)."""
+    try:
+        with open(path, "rb") as file:
+            size, offset = os.fstat(file.fileno()).st_size, 0
+            while offset + 8 <= size:
+                file.seek(offset)
+                if file.read(8) == HDF5_SIGNATURE:
+                    return True
+                offset = 512 if offset == 0 else offset * 2
+    except OSError:
+        return False
+    return False
+
+
 def _is_torch_file(path: Path) -> bool:
-    return path.is_file() and zipfile.is_zipfile(path)
+    return path.is_file() and not _is_hdf5(path) and zipfile.is_zipfile(path)
 
 
 def _minari_paths(src: Path) -> tuple[Path, Path | None]:
@@ -104,9 +122,9 @@ def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any], max_memory:
         )
     if meta:
         plan.attrs["source_metadata"] = json.dumps(meta, sort_keys=True)
-    group = "data" if layout == "robomimic" else ""  # robomimic keeps env_args on its data group
-    if isinstance(source, H5Input):
-        plan.attrs.update({f"source_{k}": v for k, v in source.attrs_of(group).items()})
+    if isinstance(source, H5Input):  # robomimic keeps env_args on its data group
+        for group in ("", "data") if layout == "robomimic" else ("",):
+            plan.attrs.update({f"source_{k}": v for k, v in source.attrs_of(group).items()})
     return plan
 
 
@@ -122,6 +140,7 @@ def run_import(
         plan = _plan(src, source, layout, meta, run.max_memory)
         check_disk(dst, plan, source.datasets)
         notes = _keep_next_observations(src, source, plan, run.max_memory)
+        _unclash(plan)
         h5 = source if isinstance(source, H5Input) else None
         with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
             with RolloutOutput(tmp, dst, h5, early_sync=True) as out:
@@ -149,6 +168,22 @@ def run_import(
         "bytes_written": os.path.getsize(dst),
         "warnings": warnings,
     }
+
+
+def _unclash(plan: Plan) -> None:
+    """A carried dataset whose place another output takes (ikostrikov's ``dones`` goes to ``source/dones``,
+    where a ``source/dones`` of the source would go too) moves one ``source/`` further down."""
+    taken = [*plan.datasets, *plan.arrays]
+
+    def clashes(target: str) -> bool:
+        return any(target == t or target.startswith(t + "/") or t.startswith(target + "/") for t in taken)
+
+    for name in sorted(plan.verbatim, key=lambda n: plan.verbatim[n] != n):  # those kept in place first
+        target = plan.verbatim[name]
+        while clashes(target):
+            target = f"source/{target}"
+        plan.verbatim[name] = target
+        taken.append(target)
 
 
 def _keep_next_observations(src: Path, source: Any, plan: Plan, budget: int) -> list[str]:
