@@ -344,3 +344,14 @@ def test_robomimic_plan_cost_is_per_dataset_not_per_demo_and_dataset() -> None:
     check_episode_fields("x.h5", "robomimic", listing)
     plan = plan_import("x.h5", "robomimic", listing, lambda name: np.zeros((2, 3), np.float32))
     assert time.perf_counter() - started < 5 and plan.episodes == 5000 and plan.T == 10_000
+
+
+def test_torch_source_whose_zip64_locator_spans_disks(tmp_path: Path, cli) -> None:
+    """Found by the fuzz suite: zipfile.is_zipfile raised BadZipFile past its own check (a traceback)."""
+    src = _torch(tmp_path)
+    data = bytearray(src.read_bytes())
+    data[data.rfind(b"PK\x06\x07") + 16] = 2  # the zip64 end locator's count of disks
+    src.write_bytes(bytes(data))
+    assert _refused(cli, tmp_path, src) == (
+        f"{src}: cannot read it as a torch.save archive (zipfiles that span multiple disks are not supported)."
+    )

@@ -59,7 +59,13 @@ def _is_hdf5(path: Path) -> bool:
 
 
 def _is_torch_file(path: Path) -> bool:
-    return path.is_file() and not _is_hdf5(path) and zipfile.is_zipfile(path)
+    """A zip archive and not HDF5; a damaged zip counts (``TensorSource`` says what is wrong with it)."""
+    if not path.is_file() or _is_hdf5(path):
+        return False
+    try:
+        return zipfile.is_zipfile(path)
+    except Exception:  # zipfile raises BadZipFile and others past is_zipfile for a damaged end record
+        return True
 
 
 def _minari_paths(src: Path) -> tuple[Path, Path | None]:
@@ -141,6 +147,8 @@ def run_import(
         check_disk(dst, plan, source.datasets)
         notes = _keep_next_observations(src, source, plan, run.max_memory)
         _unclash(plan)
+        if notes:  # next_observations carried too
+            check_disk(dst, plan, source.datasets)
         h5 = source if isinstance(source, H5Input) else None
         with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
             with RolloutOutput(tmp, dst, h5, early_sync=True) as out:
