@@ -3,6 +3,7 @@ written; and nothing published that another command would refuse (issue 40, impo
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -355,3 +356,31 @@ def test_torch_source_whose_zip64_locator_spans_disks(tmp_path: Path, cli) -> No
     assert _refused(cli, tmp_path, src) == (
         f"{src}: cannot read it as a torch.save archive (zipfiles that span multiple disks are not supported)."
     )
+
+
+def _peak_anonymous_kb(argv: list[str]) -> int:
+    """The largest RssAnon (private memory; the memory-mapped source's pages are file pages) seen while it ran."""
+    import subprocess
+    import sys
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "rolloutcli", *argv])
+    peak = 0
+    while process.poll() is None:
+        with contextlib.suppress(OSError, ValueError, IndexError):  # IndexError: a zombie has no RssAnon
+            status = Path(f"/proc/{process.pid}/status").read_text()
+            peak = max(peak, int(status.split("RssAnon:")[1].split()[0]))
+        time.sleep(0.005)
+    assert process.returncode == 0
+    return peak
+
+
+def test_torch_source_carried_tensor_is_read_in_blocks(tmp_path: Path) -> None:
+    """A carried tensor (returns) was converted whole: 128 MB of private memory under --max-memory 1M."""
+    small = _torch(tmp_path, returns=torch.zeros(10, 2, 1)).rename(tmp_path / "small.pt")
+    baseline = _peak_anonymous_kb(["import", str(small), "-o", str(tmp_path / "small.h5"), "--max-memory", "1M", "-q"])
+    big = _torch(tmp_path, returns=torch.ones(2**24, 2, 1))
+    peak = _peak_anonymous_kb(["import", str(big), "-o", str(tmp_path / "out.h5"), "--max-memory", "1M", "-q"])
+    assert peak - baseline < 48 * 1024, (peak, baseline)
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert f["source/returns"].shape == (2**24, 2, 1) and f["source/returns"][-1, 1, 0] == 1

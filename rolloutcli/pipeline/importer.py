@@ -272,7 +272,13 @@ def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: P
     if isinstance(source, H5Input):
         out.copy(plan.verbatim, lambda name: plan.verbatim[name])
     else:
-        for name, target in plan.verbatim.items():
-            out.put(target, source.slice(name))
+        for name, target in plan.verbatim.items():  # a tensor's rows in blocks of the budget too
+            info = source.datasets[name]
+            out.create(target, info.shape, info.dtype)
+            step = max(1, budget // max(_row_bytes(source, name), 1))
+            for first in range(0, info.shape[0], step) if info.shape else ():
+                out.write(target, (slice(first, first + step),), source.slice(name, (slice(first, first + step),)))
+            if not info.shape:
+                out.write(target, (), source.slice(name))
     progress.advance()
     progress.finish()
