@@ -51,10 +51,10 @@ def make_robomimic(path: Path, lengths: list[int], *, next_obs: bool = True, rew
         for k, L in enumerate(lengths):
             demo = data.create_group(f"demo_{k}")
             demo["obs/pos"] = obs_rows(first, L)
-            demo["obs/img"] = np.full((L, 2, 2), k, np.uint8)
+            demo["obs/img"] = np.full((L, 2, 2), k % 256, np.uint8)
             if next_obs:
                 demo["next_obs/pos"] = obs_rows(first, L) + 5
-                demo["next_obs/img"] = np.full((L, 2, 2), k + 100, np.uint8)
+                demo["next_obs/img"] = np.full((L, 2, 2), (k + 100) % 256, np.uint8)
             demo["actions"] = np.full((L, 2), k, np.float32)
             if rewards:
                 demo["rewards"] = np.arange(first, first + L, dtype=np.float64)

@@ -29,6 +29,8 @@ def render_import(console: Console, summary: dict[str, Any]) -> None:
         f"import {summary['input']} ({summary['layout']}) -> {summary['output']}: {summary['episodes']} episodes, "
         f"T={summary['T']} steps x N={summary['N']} envs, {len(summary['fields'])} fields"
     )
+    for warning in summary["warnings"]:
+        console.print(f"warning: {warning}")
     console.print(f"done in {summary['seconds']:.2f} s")
 
 

@@ -20,9 +20,18 @@ import numpy as np
 
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
-from rolloutcli.hdf5.reader import H5Input
-from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION, DatasetInfo
+from rolloutcli.hdf5.reader import H5Input, RolloutReader
+from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION
 from rolloutcli.hdf5.writer import RolloutOutput
+from rolloutcli.pipeline.import_limits import check_disk, check_plan_memory, plan_bytes
+from rolloutcli.pipeline.import_source import (
+    TensorSource,
+    check_episode_fields,
+    check_listing,
+    next_observation_mismatch,
+    read_metadata,
+)
+from rolloutcli.pipeline.inspect_tree import nonfinite
 from rolloutcli.pipeline.layouts import LAYOUTS, Copy, Plan, matches, plan_import, recognise, unrecognised
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
@@ -31,35 +40,32 @@ MINARI_DATA = ("data/main_data.hdf5", "main_data.hdf5")
 MINARI_METADATA = "metadata.json"
 
 
-class TensorSource:
-    """A ``torch.save``d dict of tensors (an ikostrikov storage's state) read like an ``H5Input``."""
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at offset 0, 512, 1024, 2048, ... (a user block before it)
 
-    def __init__(self, path: Path) -> None:
-        import torch
 
-        self.path, self.attrs = path, {}
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch raises many kinds for a foreign pickle
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise RolloutError(
-                f"{path}: cannot load it as tensors ({first[:200]}). Save the storage's tensors as a dict: "
-                "torch.save({k: getattr(storage, k) for k in ('obs', 'masks', 'bad_masks', ...)}, path)."
-            ) from exc
-        if not isinstance(state, dict):
-            state = {}
-        self.arrays = {str(k): v.numpy() for k, v in state.items() if isinstance(v, torch.Tensor)}
-        self.datasets = {k: DatasetInfo(tuple(a.shape), a.dtype) for k, a in self.arrays.items()}
-
-    def slice(self, name: str, index: tuple[Any, ...] = ()) -> np.ndarray:
-        return self.arrays[name][index]
-
-    def close(self) -> None:
-        pass
+def _is_hdf5(path: Path) -> bool:
+    """The HDF5 signature at one of the offsets the format allows (an HDF5 file with a zip appended is HDF5)."""
+    try:
+        with open(path, "rb") as file:
+            size, offset = os.fstat(file.fileno()).st_size, 0
+            while offset + 8 <= size:
+                file.seek(offset)
+                if file.read(8) == HDF5_SIGNATURE:
+                    return True
+                offset = 512 if offset == 0 else offset * 2
+    except OSError:
+        return False
+    return False
 
 
 def _is_torch_file(path: Path) -> bool:
-    return path.is_file() and zipfile.is_zipfile(path)
+    """A zip archive and not HDF5; a damaged zip counts (``TensorSource`` says what is wrong with it)."""
+    if not path.is_file() or _is_hdf5(path):
+        return False
+    try:
+        return zipfile.is_zipfile(path)
+    except Exception:  # zipfile raises BadZipFile and others past is_zipfile for a damaged end record
+        return True
 
 
 def _minari_paths(src: Path) -> tuple[Path, Path | None]:
@@ -90,10 +96,7 @@ def _open_source(src: Path, wanted: str, run: RunOptions) -> Iterator[tuple[Any,
     if src.is_dir() or wanted == "minari":
         path, meta_path = _minari_paths(src)
         if meta_path is not None:
-            try:
-                meta = json.loads(meta_path.read_text())
-            except (OSError, ValueError) as exc:
-                raise RolloutError(f"{meta_path}: unreadable Minari metadata ({exc}).") from exc
+            meta = read_metadata(meta_path)
     if wanted in ("auto", "ikostrikov") and _is_torch_file(path):
         source: Any = TensorSource(path)
     else:
@@ -104,7 +107,7 @@ def _open_source(src: Path, wanted: str, run: RunOptions) -> Iterator[tuple[Any,
         source.close()
 
 
-def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
+def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any], max_memory: int) -> Plan:
     layout = recognise(source.datasets) if wanted == "auto" else wanted
     if layout is None or not matches(source.datasets, layout):
         if isinstance(source, H5Input) and source.attrs_of("").get("rolloutcli_format") == FORMAT_NAME:
@@ -113,6 +116,9 @@ def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
                 "Pass it to the other commands as it is."
             )
         raise unrecognised(src, source.datasets, wanted)
+    check_listing(src, layout, source.datasets)
+    check_episode_fields(src, layout, source.datasets)
+    check_plan_memory(src, layout, source.datasets, max_memory)
     plan = plan_import(src, layout, source.datasets, lambda name: source.slice(name))
     total = meta.get("total_episodes")
     if isinstance(total, int) and total != plan.episodes:
@@ -122,9 +128,9 @@ def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
         )
     if meta:
         plan.attrs["source_metadata"] = json.dumps(meta, sort_keys=True)
-    group = "data" if layout == "robomimic" else ""  # robomimic keeps env_args on its data group
-    if isinstance(source, H5Input):
-        plan.attrs.update({f"source_{k}": v for k, v in source.attrs_of(group).items()})
+    if isinstance(source, H5Input):  # robomimic keeps env_args on its data group
+        for group in ("", "data") if layout == "robomimic" else ("",):
+            plan.attrs.update({f"source_{k}": v for k, v in source.attrs_of(group).items()})
     return plan
 
 
@@ -137,22 +143,27 @@ def run_import(
     progress = progress or Progress()
     check_output_path(dst, [src], overwrite=overwrite)
     with _open_source(src, layout, run) as (source, meta):
-        plan = _plan(src, source, layout, meta)
+        plan = _plan(src, source, layout, meta, run.max_memory)
+        check_disk(dst, plan, source.datasets)
+        notes = _keep_next_observations(src, source, plan, run.max_memory)
+        _unclash(plan)
+        if notes:  # next_observations carried too
+            check_disk(dst, plan, source.datasets)
         h5 = source if isinstance(source, H5Input) else None
-        with (
-            atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp,
-            RolloutOutput(tmp, dst, h5, early_sync=True) as out,
-        ):
-            _write(plan, source, out, run.max_memory, progress)
-            out.set_attrs(
-                {
-                    "rolloutcli_format": FORMAT_NAME,
-                    "format_version": FORMAT_VERSION,
-                    "imported_from": plan.layout,
-                    "source_file": os.path.basename(src),
-                    **plan.attrs,
-                }
-            )
+        with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
+            with RolloutOutput(tmp, dst, h5, early_sync=True) as out:
+                held = plan_bytes(plan.layout, source.datasets)  # the plan's flags: the copies get the rest
+                _write(plan, source, out, max(run.max_memory - held, 1 << 20), progress)
+                out.set_attrs(
+                    {
+                        "rolloutcli_format": FORMAT_NAME,
+                        "format_version": FORMAT_VERSION,
+                        "imported_from": plan.layout,
+                        "source_file": os.path.basename(src),
+                        **plan.attrs,
+                    }
+                )
+            warnings = notes + _check_output(src, tmp, run)
     return {
         "input": str(src),
         "output": str(dst),
@@ -163,7 +174,60 @@ def run_import(
         "fields": sorted({*plan.datasets, *plan.arrays, *plan.verbatim.values()}),
         "recorded_from_reset": bool(plan.attrs.get("recorded_from_reset", False)),
         "bytes_written": os.path.getsize(dst),
+        "warnings": warnings,
     }
+
+
+def _unclash(plan: Plan) -> None:
+    """A carried dataset whose place another output takes (ikostrikov's ``dones`` goes to ``source/dones``,
+    where a ``source/dones`` of the source would go too) moves one ``source/`` further down."""
+    taken = [*plan.datasets, *plan.arrays]
+
+    def clashes(target: str) -> bool:
+        return any(target == t or target.startswith(t + "/") or t.startswith(target + "/") for t in taken)
+
+    for name in sorted(plan.verbatim, key=lambda n: plan.verbatim[n] != n):  # those kept in place first
+        target = plan.verbatim[name]
+        while clashes(target):
+            target = f"source/{target}"
+        plan.verbatim[name] = target
+        taken.append(target)
+
+
+def _keep_next_observations(src: Path, source: Any, plan: Plan, budget: int) -> list[str]:
+    """D4RL ``next_observations`` rows that disagree with the next ``observations`` row inside an episode are
+    not a final observation: the dataset is carried whole under ``source/`` and the count said in a warning."""
+    if plan.layout != "d4rl":
+        return []
+    found = next_observation_mismatch(source, source.datasets, plan.arrays["dones"], budget)
+    plan.verbatim.update({name: f"source/{name}" for name in found})
+    return [
+        f"{src}: field '{name}': {count} rows inside an episode differ from the next 'observations' row; "
+        f"kept as they are in 'source/{name}' (final_observations holds the rows where an episode ends)."
+        for name, count in found.items()
+    ]
+
+
+def _check_output(src: Path, tmp: Path, run: RunOptions) -> list[str]:
+    """The format contract on the file about to be published (every problem at once, exit 1: nothing is
+    published); the warnings for what is legal but unusual (NaN/Inf observations)."""
+    try:
+        with RolloutReader(tmp, run.safety, budget=run.max_memory) as reader:
+            names = [n for n in reader.schema.names("observation") if reader.datasets[n].dtype.kind == "f"]
+            found = nonfinite(reader, names, run.max_memory)
+    except RolloutError as error:
+        problems = [p.replace(str(tmp), str(src)).removeprefix(f"{src}: ") for p in error.problems]
+        count = f"{len(problems)} problems: " if len(problems) > 1 else ""
+        joined = "; ".join([*(p.removesuffix(".") for p in problems[:-1]), problems[-1]])
+        raise RolloutError(
+            f"{src}: would import as a rollout file the other commands refuse; nothing written. {count}{joined}",
+            problems=[f"{src}: {p}" for p in problems],
+        ) from None
+    return [
+        f"{src}: field '{row['dataset']}': {row['count']} NaN/Inf values (first at step {row['first_step']}); "
+        "kept as they are: observations may hold them, check that they are meant."
+        for row in found
+    ]
 
 
 def _row_bytes(source: Any, name: str) -> int:
@@ -208,7 +272,13 @@ def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: P
     if isinstance(source, H5Input):
         out.copy(plan.verbatim, lambda name: plan.verbatim[name])
     else:
-        for name, target in plan.verbatim.items():
-            out.put(target, source.slice(name))
+        for name, target in plan.verbatim.items():  # a tensor's rows in blocks of the budget too
+            info = source.datasets[name]
+            out.create(target, info.shape, info.dtype)
+            step = max(1, budget // max(_row_bytes(source, name), 1))
+            for first in range(0, info.shape[0], step) if info.shape else ():
+                out.write(target, (slice(first, first + step),), source.slice(name, (slice(first, first + step),)))
+            if not info.shape:
+                out.write(target, (), source.slice(name))
     progress.advance()
     progress.finish()

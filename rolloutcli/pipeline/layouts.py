@@ -18,6 +18,7 @@ import numpy as np
 
 from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.fields import field_of
+from rolloutcli.pipeline.import_source import episode_key
 
 LAYOUTS = ("ikostrikov", "d4rl", "minari", "robomimic")  # recognised in this order
 # What each layout is recognised by (the datasets it must have), for the "unrecognised layout" message.
@@ -63,11 +64,15 @@ Listing = dict[str, Any]  # {path: DatasetInfo-like with .shape and .dtype}
 Reader = Callable[[str], np.ndarray]
 
 
-def _episode_groups(listing: Listing, pattern: str) -> list[str]:
-    """Group paths matching ``pattern`` (one group: the integer id) in id order (demo_2 before demo_10)."""
-    regex = re.compile(pattern)
-    found = {m.group(0): int(m.group(1)) for name in listing if (m := regex.match(name))}
-    return sorted(found, key=found.get)
+def _episode_groups(listing: Listing, pattern: str) -> dict[str, Listing]:
+    """Group paths matching ``pattern`` (one group: the integer id) in id order (demo_2 before demo_10), each
+    with the part of ``listing`` below it (one pass: a cost per dataset, not per episode and dataset)."""
+    regex, found, under = re.compile(pattern), {}, {}
+    for name, info in listing.items():
+        if m := regex.match(name):
+            found.setdefault(m.group(0), episode_key(m.group(1)))
+            under.setdefault(m.group(0), {})[name] = info
+    return {group: under[group] for group in sorted(found, key=found.get)}
 
 
 def matches(listing: Listing, layout: str) -> bool:
@@ -195,15 +200,15 @@ def _obs_name(group: str, key: str) -> str:
 
 def _minari(path: object, listing: Listing, read: Reader) -> Plan:
     episodes = []
-    for group in _episode_groups(listing, r"^episode_(\d+)(?=/)"):
+    for group, own in _episode_groups(listing, r"^episode_(\d+)(?=/)").items():
         need = [f"{group}/{n}" for n in ("actions", "rewards", "terminations", "truncations")]
-        if any(name.startswith(f"{group}/actions/") for name in listing):
+        if any(name.startswith(f"{group}/actions/") for name in own):
             raise RolloutError(
                 f"{path}: episode '{group}': expected one actions dataset, found dict actions "
                 "(a group); they have no place in the rollout format."
             )
         missing = [n for n in need if n not in listing]
-        observations = _datasets_under(listing, f"{group}/observations")
+        observations = _datasets_under(own, f"{group}/observations")
         if missing or not observations:
             raise RolloutError(
                 f"{path}: episode '{group}': expected {', '.join(need)} and observations, "
@@ -220,7 +225,7 @@ def _minari(path: object, listing: Listing, read: Reader) -> Plan:
             ep.steps[_obs_name("observations", key)] = (src, 0)
             ep.ends[_obs_name("final_observations", key)] = (src, length)
             extra[src] = 1
-        for key, src in _datasets_under(listing, f"{group}/infos").items():
+        for key, src in _datasets_under(own, f"{group}/infos").items():
             rows = listing[src].shape[0] if listing[src].shape else 0
             if rows == length + 1:  # the reset's info, then one per step
                 ep.starts[f"reset_infos/{key}"] = src
@@ -248,15 +253,15 @@ def _last_observation(plan: Plan, episode: Episode) -> None:
 
 def _robomimic(path: object, listing: Listing, read: Reader) -> Plan:
     episodes, recorded = [], []
-    for group in _episode_groups(listing, r"^data/demo_(\d+)(?=/)"):
-        if f"{group}/actions" not in listing or not _datasets_under(listing, f"{group}/obs"):
+    for group, own in _episode_groups(listing, r"^data/demo_(\d+)(?=/)").items():
+        if f"{group}/actions" not in listing or not _datasets_under(own, f"{group}/obs"):
             raise RolloutError(
                 f"{path}: episode '{group}': expected {group}/actions and {group}/obs/<key>, found one of them missing."
             )
         length = listing[f"{group}/actions"].shape[0]
         ep = Episode(group, length, {"actions": (f"{group}/actions", 0)})
         extra = {}
-        for name, src in _datasets_under(listing, group).items():
+        for name, src in _datasets_under(own, group).items():
             top, _, key = name.partition("/")
             rows = listing[src].shape[0] if listing[src].shape else 0
             if top == "obs":
