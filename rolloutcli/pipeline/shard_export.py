@@ -42,6 +42,10 @@ from rolloutcli.pipeline.progress import Progress
 from rolloutcli.pipeline.scatter import Emitter, Field, Rows, ShardScatter
 
 Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
+# Pieces of shards waiting for their other rows stay in memory up to a quarter of the budget and at most this,
+# then go to spill files (a sequential append, read back once; the page cache holds them, not this process):
+# the pieces of a dataset grow with its files, and the process must not (10,000 files within 1.2x of 100).
+PENDING_MAX = 16 << 20
 Opener = Callable[[Path], AbstractContextManager[RolloutReader]]  # a file's reader, open inside the block
 
 
@@ -226,7 +230,8 @@ def _export_passes(
         streamed = plan.order is not None
         positions = None if whole or streamed else plan.positions(total_rows)
         complete = partial(emitter.emit, pass_index)
-        out = ShardScatter(folder, job.fields, plan.sizes, budget // 4, buffers=emitter.buffers, complete=complete)
+        pending = min(budget // 4, PENDING_MAX)
+        out = ShardScatter(folder, job.fields, plan.sizes, pending, buffers=emitter.buffers, complete=complete)
         for source in sources:
             with opened(source.path) as reader:
                 for block in source.blocks:
