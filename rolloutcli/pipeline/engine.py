@@ -17,6 +17,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -113,16 +114,18 @@ def start_engine(options: EngineOptions) -> None:
 
 
 def run_units(units: Sequence[Unit], options: EngineOptions, done: Callable[[int, Any], None] | None = None) -> list:
-    """Run ``units``; ``done(i, result)`` is called in the driver as each finishes (any order). Results in order."""
+    """Run ``units``; ``done(i, result)`` is called in the driver as each finishes (any order). Results in order;
+    with ``done``, none are kept (``[]``): what a dataset's units return would grow with its files."""
     check_engine(options)
-    results: list[Any] = [None] * len(units)
+    results: list[Any] = [None] * len(units) if done is None else []
 
     def finished(index: int, result: Any) -> None:
         stop_if_signalled()  # the command's signal, whose exception may have been lost
         if isinstance(result, _Failed):
             raise RolloutError(result.message, exit_code=result.exit_code, problems=result.problems)
-        results[index] = result
-        if done is not None:
+        if done is None:
+            results[index] = result
+        else:
             done(index, result)
 
     if options.engine == "ray":
@@ -258,24 +261,38 @@ def unit_modules(units: Sequence[Unit]) -> list[str]:
     return sorted({f.__module__ for f in functions if isinstance(f.__module__, str)})
 
 
+# Units submitted to the pool per worker ahead of the one whose result is awaited: enough to keep every worker
+# busy while the driver takes results in order, few enough that the futures held do not grow with a dataset's
+# files (all 10,000 units of a dataset submitted at once held 30 MB in the driver).
+AHEAD = 8
+
+
 def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
-    """The units on the local pool. On a failure (a unit's, a signal's) the units not yet started are skipped
-    through a stop file, not cancelled: Python 3.11's pool, when a worker then dies (a SIGTERM to the whole job),
-    raises in its manager thread on a cancelled future and the wait for the running units never ends
-    (CPython gh-107219, fixed in 3.12)."""
+    """The units on the local pool. On a failure (a unit's, a signal's) the units submitted but not yet started
+    are skipped through a stop file, not cancelled: Python 3.11's pool, when a worker then dies (a SIGTERM to the
+    whole job), raises in its manager thread on a cancelled future and the wait for the running units never ends
+    (CPython gh-107219, fixed in 3.12); the units not yet submitted are never submitted."""
     from rolloutcli.hdf5.probe import shared_env
 
     workers = options.workers  # the pool prestart started, if it did
     pool = _pool(workers, unit_modules(units))
     stop = os.path.join(tempfile.gettempdir(), f"rolloutcli-stop-{os.getpid()}-{secrets.token_hex(8)}")
     env = {**options.env(), **shared_env(), STOP_ENV: stop}  # the workers ask this process's metadata probe helper
-    futures: dict[Future[Any], int] = {}
+    futures: deque[tuple[int, Future[Any]]] = deque()  # in submission order: a failure is the first failing unit's
+
+    def take_first() -> None:
+        index, future = futures[0]
+        finished(index, future.result())
+        futures.popleft()
+
     completed = False
     try:  # a pool broken before or while the units are submitted raises in submit
         for i, (fn, args) in enumerate(units):
-            futures[pool.submit(_call, fn, args, env)] = i
-        for future, index in futures.items():  # in submission order: a failure is the first failing unit's
-            finished(index, future.result())
+            futures.append((i, pool.submit(_call, fn, args, env)))
+            if len(futures) > AHEAD * workers:
+                take_first()
+        while futures:
+            take_first()
         completed = True
     except BrokenProcessPool as exc:
         _POOLS.pop(workers, None)
@@ -287,8 +304,8 @@ def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[
         ) from exc
     finally:  # on a failure, let running units end before the caller removes the folder they write into
         if not completed:
-            _stop(stop, futures)
-        wait(futures)
+            _stop(stop, [future for _, future in futures])
+        wait([future for _, future in futures])
         with contextlib.suppress(OSError):
             os.unlink(stop)
 
