@@ -8,8 +8,9 @@ slot order, whatever the budget or the blocks.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,8 +107,9 @@ class Spill:
                 ) from exc
         self.pending, self.pending_bytes = {}, 0
 
-    def _read_chunks(self, shard: int, chunks: list[int]) -> list[tuple[torch.Tensor, Rows]]:
-        pieces = []
+    def _read_chunks(self, shard: int, chunks: list[int]) -> Iterator[tuple[torch.Tensor, Rows]]:
+        """The shard's spilled chunks one at a time (each valid until the next: never the whole shard twice in
+        memory); the file is deleted after the last."""
         with open(self.path(shard), "rb") as handle:
             for count in chunks:
                 widths = [aligned(count * f.row_bytes) for f in self.fields]
@@ -119,17 +121,15 @@ class Spill:
                     part = data[offset : offset + count * f.row_bytes]
                     rows[f.name] = part.view(f.dtype).view(count, *f.row_shape)
                     offset += width
-                pieces.append((data[: 8 * count].view(torch.int64), rows))
+                yield data[: 8 * count].view(torch.int64), rows
         self.path(shard).unlink()
-        return pieces
 
     def assemble(self, shard: int, out: Rows) -> Rows:
         """The shard's rows in slot order, in ``out``; its spill file is read and deleted."""
         pieces = self.pending.pop(shard, [])
         self.pending_bytes -= sum(slots.numel() * self.row_bytes + self.piece_bytes for slots, _ in pieces)
         chunks = self.chunks.pop(shard, [])
-        pieces = (self._read_chunks(shard, chunks) if chunks else []) + pieces
-        for slots, rows in pieces:
+        for slots, rows in itertools.chain(self._read_chunks(shard, chunks) if chunks else (), pieces):
             for f in self.fields:
                 scatter_rows(out[f.name], slots, rows[f.name])
         return out

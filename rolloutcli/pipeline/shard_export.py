@@ -45,7 +45,7 @@ Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
 # Pieces of shards waiting for their other rows stay in memory up to a quarter of the budget and at most this,
 # then go to spill files (a sequential append, read back once; the page cache holds them, not this process):
 # the pieces of a dataset grow with its files, and the process must not (10,000 files within 1.2x of 100).
-PENDING_MAX = 16 << 20
+PENDING_MAX = 8 << 20
 Opener = Callable[[Path], AbstractContextManager[RolloutReader]]  # a file's reader, open inside the block
 
 
@@ -305,7 +305,8 @@ def run_export(
         start_engine(engine)
     progress = progress or Progress()
     started = time.perf_counter()
-    srcs = [Path(p) for p in src] if isinstance(src, (list, tuple)) else [Path(src)]
+    given = list(src) if isinstance(src, (list, tuple)) else [src]
+    srcs = [p if isinstance(p, Path) else Path(p) for p in given]  # a dataset's Paths, not copies (~400 bytes each)
     dst = Path(dst)
     with RolloutReader(srcs[0], run.safety, budget=run.max_memory) as first:
 
