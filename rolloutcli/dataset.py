@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Event
@@ -104,10 +104,14 @@ def _signature(reader: RolloutReader) -> Signature:
     return out
 
 
-def signature(file: Path, safety: SafetyOptions | None = None) -> tuple[Signature, tuple[int, int]]:
+def signature(
+    file: Path, safety: SafetyOptions | None = None, each: Callable[[RolloutReader], None] | None = None
+) -> tuple[Signature, tuple[int, int]]:
     """``file``'s per-step fields (:func:`_signature`) and its ``(T, N)``; a file rolloutcli wrote that is no
-    rollout (a split file, a shard) is named as such."""
+    rollout (a split file, a shard) is named as such. ``each(reader)`` is called on the open file (unchecked)."""
     with dataset_reader(file, safety, check=False) as reader:
+        if each is not None:
+            each(reader)
         return _signature(reader), (reader.T, reader.N)
 
 
@@ -162,19 +166,24 @@ def check_agrees(base: Path, expected: Signature, file: Path, found: Signature) 
 
 
 def check_agreement(
-    files: Sequence[Path], safety: SafetyOptions | None = None, *, same_steps: str | None = None
+    files: Sequence[Path],
+    safety: SafetyOptions | None = None,
+    *,
+    same_steps: str | None = None,
+    each: Callable[[RolloutReader], None] | None = None,
 ) -> list[tuple[int, int]]:
     """``(T, N)`` of each file, after checking every file's per-step fields agree with the first file's.
 
     ``same_steps``: what needs one T (e.g. ``batch --recurrent``); files of another T are then refused.
+    ``each(reader)``: called on each file while it is open (files are opened one at a time, in order).
 
     Raises:
         RolloutError: exit 1 naming both files and the field (missing, other trailing shape or dtype, or T).
     """
-    first, size = signature(files[0], safety)
+    first, size = signature(files[0], safety, each)
     sizes = [size]
     for file in files[1:]:
-        found, size = signature(file, safety)
+        found, size = signature(file, safety, each)
         sizes.append(size)
         check_agrees(files[0], first, file, found)
         if same_steps and size[0] != sizes[0][0]:

@@ -17,7 +17,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,7 +149,7 @@ def _layout(shapes: Shapes, attrs: Mapping[str, Any], group_attrs: Mapping[str, 
     return tuple(part for part in parts if part != b"")
 
 
-def _write_segments(path: Path, segments: Sequence[Segment], *, fsync: bool = False) -> int:
+def _write_segments(path: Path, segments: Iterable[Segment], *, fsync: bool = False) -> int:
     """Write ``segments`` to a new file with plain Python I/O; return the byte count. Without ``fsync`` the
     kernel starts writing it back at once, so the folder's publishing fsync finds it (nearly) done."""
     written = 0
@@ -259,9 +259,11 @@ class ShardWriter:
 def write_manifest(folder: Path, manifest: Mapping[str, Any]) -> None:
     """Write ``manifest.json`` (plain I/O, fsynced); call it last, after every shard is on disk."""
     path = Path(folder) / MANIFEST_NAME
-    text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"
+    # Written as it is encoded (json.dumps(manifest, indent=1)'s bytes): a dataset's manifest names every file, and
+    # its whole text, then its bytes, took 6 MB more for 10,000 files.
+    parts = itertools.chain(json.JSONEncoder(indent=1).iterencode(manifest), ["\n"])
     try:
-        _write_segments(path, [text.encode()], fsync=True)
+        _write_segments(path, (part.encode() for part in parts), fsync=True)
     except OSError as exc:
         raise RolloutError(f"{path}: cannot write the manifest: {exc.strerror or exc}.", exit_code=EXIT_IO) from exc
 

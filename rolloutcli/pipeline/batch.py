@@ -155,9 +155,31 @@ def _fields(reader: RolloutReader, mode: str) -> list[Field]:
     return export_fields(reader, pairs)
 
 
+# The manifest's "gae" entries: what the gae runs recorded in each source file (its root attributes).
+GAE_ATTRS = {
+    "gamma": "gae_gamma",
+    "lambda": "gae_lambda",
+    "advantages_normalized": "advantages_normalized",
+    "timeouts_bootstrapped": "timeouts_bootstrapped",
+}
+
+
+def _gae_values(reader: RolloutReader) -> tuple[Any, ...]:
+    return tuple(reader.schema.attrs.get(attr) for attr in GAE_ATTRS.values())
+
+
+@dataclass(frozen=True)
+class DatasetFiles:
+    """What ``batch`` keeps of each file of a dataset (the files are never all open at once: each open file holds
+    ~0.5 MB of libhdf5 caches): its ``(T, N)`` and its gae attributes (:func:`_gae_values`)."""
+
+    sizes: list[tuple[int, int]]
+    gae: list[tuple[Any, ...]]
+
+
 def _check_dataset(
     files: list[Path], options: BatchOptions | HistoryOptions | TransitionOptions, run: RunOptions
-) -> None:
+) -> DatasetFiles:
     """What a dataset export refuses (exit 2), then the files' agreement (exit 1)."""
     for kind, flag in ((HistoryOptions, "--history"), (TransitionOptions, "--transitions")):
         if isinstance(options, kind):
@@ -166,18 +188,18 @@ def _check_dataset(
     if options.rsl_parity:
         raise usage("--rsl-parity: RSL-RL's order is for one file, found a dataset; drop --rsl-parity.")
     same = None if options.mode == "feedforward" else f"batch --{options.mode}"
-    check_agreement(files, run.safety, same_steps=same)
+    gae: list[tuple[Any, ...]] = []
+    sizes = check_agreement(files, run.safety, same_steps=same, each=lambda reader: gae.append(_gae_values(reader)))
+    return DatasetFiles(sizes, gae)
 
 
-def _gae_record(readers: list[RolloutReader]) -> dict[str, Any]:
+def _gae_record(values: list[tuple[Any, ...]]) -> dict[str, Any]:
     """What the gae runs recorded in the sources (None where nothing): one value where every file agrees, else the
     list of each file's value in dataset order (files made with other options are not silently one setting)."""
-    keys = {"gamma": "gae_gamma", "lambda": "gae_lambda"}
-    keys |= {name: name for name in ("advantages_normalized", "timeouts_bootstrapped")}
     record = {}
-    for key, attr in keys.items():
-        values = [each.schema.attrs.get(attr) for each in readers]
-        record[key] = values[0] if all(value == values[0] for value in values) else values
+    for i, key in enumerate(GAE_ATTRS):
+        column = [each[i] for each in values]
+        record[key] = column[0] if all(value == column[0] for value in column) else column
     return record
 
 
@@ -237,17 +259,17 @@ def _shape(mode: str, fields: list[Field], T: int, N: int, plan: ShardPlan, shar
     return _shard_tensors(mode, plan, shard, rows, fields, T, N)
 
 
-def _job(source: RolloutReader | list[RolloutReader], options: BatchOptions) -> ExportJob:
-    """``batch``'s export job for this source or dataset (checked against the options first). A dataset is one
-    source of ``T x sum(N)`` (files side by side along envs: recurrent, distillation) or, feed-forward, of
-    ``sum(T * N)`` rows (``1 x rows``: a feed-forward shard never looks at T or N)."""
-    readers = source if isinstance(source, list) else [source]
-    reader = readers[0]
-    T, N = reader.T, sum(r.N for r in readers)
-    if len(readers) > 1 and options.mode == "feedforward":
-        T, N = 1, sum(r.T * r.N for r in readers)
-    for each in readers:
-        _check_source(each, options, T, N, "dataset" if len(readers) > 1 else "file")
+def _job(reader: RolloutReader, options: BatchOptions, dataset: DatasetFiles | None = None) -> ExportJob:
+    """``batch``'s export job for this source or dataset (``reader``: its first file; checked against the options
+    first). A dataset is one source of ``T x sum(N)`` (files side by side along envs: recurrent, distillation) or,
+    feed-forward, of ``sum(T * N)`` rows (``1 x rows``: a feed-forward shard never looks at T or N)."""
+    sizes = dataset.sizes if dataset is not None else [(reader.T, reader.N)]
+    many = len(sizes) > 1
+    T, N = reader.T, sum(n for _, n in sizes)
+    if many and options.mode == "feedforward":
+        T, N = 1, sum(t * n for t, n in sizes)
+    # The first file answers for every file's fields: check_agreement found them all the same.
+    _check_source(reader, options, T, N, "dataset" if many else "file")
     if options.batch_size is not None:
         options = replace(options, num_mini_batches=-(-_items(T, N, options.mode)[0] // options.batch_size))
     fields = _fields(reader, options.mode)
@@ -269,7 +291,7 @@ def _job(source: RolloutReader | list[RolloutReader], options: BatchOptions) -> 
         "dropped_rows": plan.dropped_rows,
         "dropped_envs": plan.dropped_envs,
     }
-    gae = _gae_record(readers)
+    gae = _gae_record(dataset.gae if dataset is not None else [_gae_values(reader)])
     record = asdict(options)
     if options.batch_size is None:  # manifests of -m runs stay as they were
         del record["batch_size"]
@@ -284,7 +306,7 @@ def _job(source: RolloutReader | list[RolloutReader], options: BatchOptions) -> 
         shape=partial(_shape, options.mode, fields, T, N),
         read_bytes=sum(f.row_bytes for f in fields),
         env_major=options.mode == "recurrent",
-        env_concat=len(readers) > 1 and options.mode != "feedforward",
+        env_concat=many and options.mode != "feedforward",
         group_attrs={"distribution": {"order": distribution}} if exported else {},
         compression=options.compression,
         manifest={
@@ -320,14 +342,13 @@ def run_batch(
         RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
             a chunk (exit 2), missing fields (exit 1), I/O faults (exit 3).
     """
-    with probed_once():  # a dataset's files are opened twice here: to check them, then to export them
-        if isinstance(src, list):
-            _check_dataset(src, options, run)
+    with probed_once():  # a dataset's files are opened several times here: to check them, then to export them
+        dataset = _check_dataset(src, options, run) if isinstance(src, list) else None
         if isinstance(options, HistoryOptions):
             prepare = partial(history_job, options=options, budget=run.max_memory)
         elif isinstance(options, TransitionOptions):
             prepare = partial(transitions_job, options=options, budget=run.max_memory)
         else:
             _check_options(options)
-            prepare = partial(_job, options=options)
+            prepare = partial(_job, options=options, dataset=dataset)
         return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress, engine=engine)

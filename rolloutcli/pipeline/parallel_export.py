@@ -219,7 +219,7 @@ def run_parallel(spec: ExportSpec, folder: Path, sources: list[Any], engine: Any
 def _map_reduce(spec: ExportSpec, sources: list[Any], engine: Any) -> dict[str, tuple[int, str]]:
     folder = spec.folder
     maps = [
-        (map_block, (spec, Path(source.reader.path).absolute(), block, (source.row_offset, source.env_offset), tag))
+        (map_block, (spec, Path(source.path).absolute(), block, (source.row_offset, source.env_offset), tag))
         for i, source in enumerate(sources)
         for b, block in enumerate(source.blocks)
         for tag in [f"f{i:05d}-b{b:06d}"]

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -42,6 +42,11 @@ from rolloutcli.pipeline.progress import Progress
 from rolloutcli.pipeline.scatter import Emitter, Field, Rows, ShardScatter
 
 Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
+# Pieces of shards waiting for their other rows stay in memory up to a quarter of the budget and at most this,
+# then go to spill files (a sequential append, read back once; the page cache holds them, not this process):
+# the pieces of a dataset grow with its files, and the process must not (10,000 files within 1.2x of 100).
+PENDING_MAX = 8 << 20
+Opener = Callable[[Path], AbstractContextManager[RolloutReader]]  # a file's reader, open inside the block
 
 
 def _hash_files(paths: list[Path], stop: threading.Event) -> list[str]:
@@ -88,29 +93,29 @@ def export_fields(reader: RolloutReader, pairs: list[tuple[str, str]], window: i
     return out
 
 
-def _source_record(reader: RolloutReader, source_hash: str) -> dict[str, Any]:
+def _source_record(source: Source, source_hash: str) -> dict[str, Any]:
     return {
-        "path": os.path.abspath(reader.path),
-        "size_bytes": os.stat(reader.path).st_size,
+        "path": os.path.abspath(source.path),
+        "size_bytes": os.stat(source.path).st_size,
         "xxh3_128": source_hash,
-        "T": reader.T,
-        "N": reader.N,
+        "T": source.T,
+        "N": source.N,
     }
 
 
 def _manifest(sources: list[Source], job: ExportJob, hashes: list[str], shards: list[Any]) -> dict[str, Any]:
     """The manifest: the source file (with its XXH3-128; a dataset: its files, their row and env offsets), the
     mode's entries, each field's row, the shards."""
-    records = [_source_record(s.reader, h) for s, h in zip(sources, hashes, strict=True)]
+    records = [_source_record(s, h) for s, h in zip(sources, hashes, strict=True)]
     if len(sources) == 1:
         source: dict[str, Any] = records[0]
     else:
-        steps = {s.reader.T for s in sources}
+        steps = {s.T for s in sources}
         for record, s in zip(records, sources, strict=True):
             record |= {"row_offset": s.row_offset, "env_offset": s.env_offset}
         rows = "t * N_total + env_offset + n" if job.env_concat else "row_offset + t * N + n"
         T = steps.pop() if len(steps) == 1 else None
-        source = {"files": records, "T": T, "N": sum(s.reader.N for s in sources), "rows": rows}
+        source = {"files": records, "T": T, "N": sum(s.N for s in sources), "rows": rows}
     fields = {
         f.name: {"dtype": str(f.dtype).removeprefix("torch."), "row_shape": list(f.row_shape)} for f in job.fields
     }
@@ -118,20 +123,23 @@ def _manifest(sources: list[Source], job: ExportJob, hashes: list[str], shards: 
     return {**head, "source": source, **job.manifest, "fields": fields, "shards": shards}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Source:
     """One file of the export, its blocks, and where its rows sit in the dataset: feed-forward row
     ``row_offset + t * N + n``; with ``env_concat`` (one T, files side by side along envs) ``t * N_total +
-    env_offset + n``. One file: both are ``t * N + n``."""
+    env_offset + n``. One file: both are ``t * N + n``. No open reader: an open HDF5 file holds ~0.5 MB of
+    libhdf5 caches, so a dataset's files are opened one at a time (all open, 1,000 files took 1 GB)."""
 
-    reader: RolloutReader
+    path: Path
+    T: int
+    N: int
     blocks: list[Block]
     row_offset: int = 0
     env_offset: int = 0
 
     def rows(self, block: Block, env_concat: bool, total_envs: int) -> torch.Tensor:
         """``[steps * envs]`` int64 dataset rows of a block, time-major."""
-        return block_rows(block, self.reader.N, (self.row_offset, self.env_offset), env_concat, total_envs)
+        return block_rows(block, self.N, (self.row_offset, self.env_offset), env_concat, total_envs)
 
 
 @dataclass
@@ -208,30 +216,35 @@ def plan_blocks(reader: RolloutReader, job: ExportJob, budget: int) -> list[Bloc
     return [(t, min(T, t + steps), n, n + 1) for n in range(N) for t in range(0, T, steps)]
 
 
-def _export_passes(job: ExportJob, emitter: Emitter, folder: Path, sources: list[Source], budget: int) -> None:
-    """Per pass, read each block (a single block once for every pass) and scatter its items to their shards."""
-    first = sources[0].reader
-    whole = len(sources) == 1 and sources[0].blocks == [(0, first.T, 0, first.N)]
-    total_envs = sum(s.reader.N for s in sources)
-    total_rows = sum(s.reader.T * s.reader.N for s in sources)
+def _export_passes(
+    job: ExportJob, emitter: Emitter, folder: Path, sources: list[Source], budget: int, opened: Opener
+) -> None:
+    """Per pass, read each block (a single block once for every pass) and scatter its items to their shards;
+    a file is open while its blocks are read."""
+    first = sources[0]
+    whole = len(sources) == 1 and first.blocks == [(0, first.T, 0, first.N)]
+    total_envs = sum(s.N for s in sources)
+    total_rows = sum(s.T * s.N for s in sources)
     cached: Rows | None = None
     for pass_index, plan in enumerate(job.plan.passes):
         streamed = plan.order is not None
         positions = None if whole or streamed else plan.positions(total_rows)
         complete = partial(emitter.emit, pass_index)
-        out = ShardScatter(folder, job.fields, plan.sizes, budget // 4, buffers=emitter.buffers, complete=complete)
+        pending = min(budget // 4, PENDING_MAX)
+        out = ShardScatter(folder, job.fields, plan.sizes, pending, buffers=emitter.buffers, complete=complete)
         for source in sources:
-            for block in source.blocks:
-                data = cached or {f.name: job.read(source.reader, f, block) for f in job.fields}
-                take = partial(job.take, block, data)
-                if whole:
-                    cached = data
-                    out.add(None, take, order=plan.all_rows())
-                else:  # streamed orders: positions of this block's rows only, no per-row array of the dataset
-                    rows = source.rows(block, job.env_concat, total_envs)
-                    out.add(plan.positions_of(rows) if streamed else positions[rows], take)  # type: ignore[index]
-                del data, take
-                emitter.progress.advance()
+            with opened(source.path) as reader:
+                for block in source.blocks:
+                    data = cached or {f.name: job.read(reader, f, block) for f in job.fields}
+                    take = partial(job.take, block, data)
+                    if whole:
+                        cached = data
+                        out.add(None, take, order=plan.all_rows())
+                    else:  # streamed orders: positions of this block's rows only, no per-row array of the dataset
+                        rows = source.rows(block, job.env_concat, total_envs)
+                        out.add(plan.positions_of(rows) if streamed else positions[rows], take)  # type: ignore[index]
+                    del data, take
+                    emitter.progress.advance()
         out.finish()
 
 
@@ -247,8 +260,8 @@ def _run_parallel(job: ExportJob, sources: list[Source], tmp: Path, run: RunOpti
         job.take,
         job.shape,
         job.env_concat,
-        sum(s.reader.N for s in sources),
-        sum(s.reader.T * s.reader.N for s in sources),
+        sum(s.N for s in sources),
+        sum(s.T * s.N for s in sources),
         run.safety,
         run.max_memory,
         attrs=job.attrs,
@@ -258,11 +271,13 @@ def _run_parallel(job: ExportJob, sources: list[Source], tmp: Path, run: RunOpti
     return run_parallel(spec, tmp, sources, engine)
 
 
-def _sources(readers: list[RolloutReader], job: ExportJob, budget: int) -> list[Source]:
+def _sources(srcs: list[Path], job: ExportJob, budget: int, opened: Opener) -> list[Source]:
+    """Each file's blocks and offsets, the files opened one at a time."""
     out, rows, envs = [], 0, 0
-    for reader in readers:
-        out.append(Source(reader, plan_blocks(reader, job, budget), rows, envs))
-        rows, envs = rows + reader.T * reader.N, envs + reader.N
+    for path in srcs:
+        with opened(path) as reader:
+            out.append(Source(path, reader.T, reader.N, plan_blocks(reader, job, budget), rows, envs))
+            rows, envs = rows + reader.T * reader.N, envs + reader.N
     return out
 
 
@@ -278,7 +293,8 @@ def run_export(
 ) -> dict[str, Any]:
     """Write the shard folder ``dst`` from ``src``; ``prepare(reader)`` checks the source, builds the job.
 
-    ``src`` a list of files (a dataset): ``prepare`` gets the list of their readers, in that order. ``engine``
+    ``src`` a list of files (a dataset): ``prepare`` gets the first file's reader (the job knows the dataset
+    from its own check; the other files are opened one at a time, never all at once). ``engine``
     (:class:`~rolloutcli.pipeline.engine.EngineOptions`) with more than one worker or Ray: the map and reduce
     units of :mod:`~rolloutcli.pipeline.parallel_export` (jobs with a ``shape``), the same bytes.
     """
@@ -289,14 +305,22 @@ def run_export(
         start_engine(engine)
     progress = progress or Progress()
     started = time.perf_counter()
-    srcs = [Path(p) for p in src] if isinstance(src, (list, tuple)) else [Path(src)]
+    given = list(src) if isinstance(src, (list, tuple)) else [src]
+    srcs = [p if isinstance(p, Path) else Path(p) for p in given]  # a dataset's Paths, not copies (~400 bytes each)
     dst = Path(dst)
-    with ExitStack() as stack:
-        readers = [stack.enter_context(RolloutReader(p, run.safety, budget=run.max_memory)) for p in srcs]
-        job = prepare(readers if isinstance(src, (list, tuple)) else readers[0])
-        sources = _sources(readers, job, run.max_memory)
+    with RolloutReader(srcs[0], run.safety, budget=run.max_memory) as first:
+
+        def opened(path: Path, check: bool = False) -> AbstractContextManager[RolloutReader]:
+            """The first file's reader (open for the whole export) or a new one: the values of the other files
+            are checked once, when their blocks are planned (``_sources``), and not again when they are read."""
+            if path is srcs[0]:
+                return nullcontext(first)
+            return RolloutReader(path, run.safety, check=check, budget=run.max_memory)
+
+        job = prepare(first)
+        sources = _sources(srcs, job, run.max_memory, partial(opened, check=True))
         blocks = sum(len(s.blocks) for s in sources)
-        streamed = sum(r.T * r.N for r in readers) * job.read_bytes > run.max_memory // 2
+        streamed = sum(s.T * s.N for s in sources) * job.read_bytes > run.max_memory // 2
         passes = job.plan.passes
         try:
             with shard_folder(srcs, dst, job, overwrite) as (tmp, writer, source_hash):
@@ -307,7 +331,7 @@ def run_export(
                 if parallel and job.shape is not None:
                     writer.results.update(_run_parallel(job, sources, tmp, run, engine))
                 else:
-                    _export_passes(job, emitter, tmp, sources, run.max_memory)
+                    _export_passes(job, emitter, tmp, sources, run.max_memory, opened)
                 writer.wait()
                 entries = emitter.entries()  # every shard's hash is known now
                 write_manifest(tmp, _manifest(sources, job, source_hash.result(), entries))
@@ -315,8 +339,8 @@ def run_export(
             progress.finish()
     seconds = time.perf_counter() - started
     written = sum(size for size, _ in writer.results.values())
-    steps = {r.T for r in readers}
-    T, N = (steps.pop() if len(steps) == 1 else None), sum(r.N for r in readers)  # T: None for mixed lengths
+    steps = {s.T for s in sources}
+    T, N = (steps.pop() if len(steps) == 1 else None), sum(s.N for s in sources)  # T: None for mixed lengths
     return {
         "input": str(srcs[0]) if len(srcs) == 1 else [str(p) for p in srcs],
         "output": str(dst),
