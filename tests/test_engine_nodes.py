@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import test_engines
-from rollout_factory import rollout_arrays, write_rollout
 from test_engine_stops import _still_running
 from test_engines import OPTIONS, RUN, dying_once, gae_files, run, tree
 
@@ -42,13 +41,7 @@ def ray_cluster(ray_cluster):
     return ray, address
 
 
-@pytest.fixture
-def runs(tmp_path: Path) -> Path:
-    folder = tmp_path / "runs"
-    folder.mkdir()
-    for i, (T, N) in enumerate([(12, 3), (20, 2), (12, 4), (8, 5)]):
-        write_rollout(folder / f"r{i}.h5", rollout_arrays(T=T, N=N, seed=i))
-    return folder
+runs = test_engines.runs  # the same four files as test_engines' tests (a fixture)
 
 
 def on_nodes(log: Path, doomed: str = "") -> Callable[..., Any]:
