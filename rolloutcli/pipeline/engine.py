@@ -295,8 +295,8 @@ def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[
         ) from exc
     finally:  # on a failure, let running units end before the caller removes the folder they write into
         if not completed:
-            _stop(stop, [future for _, future in futures])
-        wait([future for _, future in futures])
+            _stop(stop, list(futures))
+        wait(list(futures))
         with contextlib.suppress(OSError):
             os.unlink(stop)
 
