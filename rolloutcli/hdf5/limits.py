@@ -48,7 +48,7 @@ def check_regular_file(path: Path) -> None:
         )
 
 
-def _size(size: int) -> str:
+def budget_text(size: int) -> str:
     """Bytes as ``--max-memory`` spells them, rounded up to whole KiB or MiB."""
     if size < 1 << 20:
         return f"{-(-size // 1024)}K"
@@ -64,7 +64,7 @@ def check_one_env_fits(path: Path, per_env: int, budget: int, max_memory: int) -
     if per_env > budget:
         need = max(-(-per_env * max_memory // max(budget, 1)), max_memory + 1)
         raise RolloutError(
-            f"{path}: one env needs {_size(need)} of memory, more than --max-memory {_size(max_memory)}; "
-            f"pass --max-memory {_size(need)} or more.",
+            f"{path}: one env needs {budget_text(need)} of memory, more than --max-memory {budget_text(max_memory)}; "
+            f"pass --max-memory {budget_text(need)} or more.",
             exit_code=EXIT_USAGE,
         )

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
-from rolloutcli.hdf5.limits import _size
+from rolloutcli.hdf5.limits import budget_text
 from rolloutcli.pipeline.import_source import FLAGS
 
 PLAN_BYTES_PER_STEP = 8  # flags compared, ends, dones, time_outs: bytes the plan holds per step (and env)
@@ -47,8 +47,8 @@ def check_plan_memory(path: object, layout: str, listing: dict[str, Any], max_me
     need = plan_bytes(layout, listing)
     if need > max_memory:
         raise RolloutError(
-            f"{path}: the episode-end flags of its {layout} layout need {_size(need)} of memory, more than "
-            f"--max-memory {_size(max_memory)}; pass --max-memory {_size(need)} or more.",
+            f"{path}: the episode-end flags of its {layout} layout need {budget_text(need)} of memory, more than "
+            f"--max-memory {budget_text(max_memory)}; pass --max-memory {budget_text(need)} or more.",
             exit_code=EXIT_USAGE,
         )
 
@@ -67,7 +67,7 @@ def check_disk(dst: Path, plan: Any, listing: dict[str, Any]) -> None:
     free = shutil.disk_usage(where).free
     if need > free:
         raise RolloutError(
-            f"{dst}: the output needs {_size(need)} of disk (uncompressed), {_size(free)} is free on the file "
-            f"system holding {where}; free some space or write the output elsewhere.",
+            f"{dst}: the output needs {budget_text(need)} of disk (uncompressed), {budget_text(free)} is free on the "
+            f"file system holding {where}; free some space or write the output elsewhere.",
             exit_code=EXIT_IO,
         )
