@@ -91,7 +91,7 @@ def resolve(args: Sequence[str | Path]) -> Dataset:
 Signature = dict[str, tuple[str, tuple[int, ...]]]
 
 
-def _signature(reader: RolloutReader) -> Signature:
+def reader_signature(reader: RolloutReader) -> Signature:
     """Field laid out by env (per-step ``[T, N, ...]``, hidden states ``[T, layers, N, H]``, ``last_values``
     ``[N]``) -> (dtype, shape without T and N) as the reader returns them."""
     out = {}
@@ -112,7 +112,7 @@ def signature(
     with dataset_reader(file, safety, check=False) as reader:
         if each is not None:
             each(reader)
-        return _signature(reader), (reader.T, reader.N)
+        return reader_signature(reader), (reader.T, reader.N)
 
 
 def dataset_reader(file: Path, safety: SafetyOptions | None = None, **options: Any) -> RolloutReader:

@@ -25,14 +25,14 @@ import os, signal
 from rolloutcli.hdf5 import probe_helper
 real, log, die_at, count = probe_helper._read_metadata, {log!r}, {die_at}, 0
 
-def recording(path, allow_external):
+def recording(path, request):
     global count
     count += 1  # each prober is forked with the helper's count, 0
     with open(log, "a") as out:
         out.write(f"{{os.getpid()}} {{path.name}}\\n")
     if count == die_at:
         os.kill(os.getpid(), signal.SIGSEGV)
-    real(path, allow_external)
+    return real(path, request)
 
 probe_helper._read_metadata = recording
 probe_helper.serve()

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from rollout_factory import make_rollout, rollout_arrays, write_rollout
 
+from rolloutcli.hdf5.identity import path_identity
+from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli import RolloutError, RolloutStorage
 
 SECRET = 987654.25  # a value that only exists in the "other" file
@@ -316,7 +318,7 @@ def test_probed_once_probes_an_unchanged_file_once(tmp_path: Path, monkeypatch: 
         probe.probe_metadata(path)
         RolloutStorage.from_hdf5(path)  # opens it through the reader
         assert len(asked) == 3
-        probe.probe_metadata(path, allow_external=True)
+        probe.probe_metadata(path, SafetyOptions(allow_external=True))
         assert len(asked) == 4
         os.utime(path, ns=(1, 1))
         probe.probe_metadata(path)
@@ -363,7 +365,7 @@ def test_shared_helper_answers_only_its_own_user(tmp_path: Path) -> None:
 
     path = make_rollout(tmp_path / "r.h5")
     address = probe.shared_env()[probe.SHARED_ENV]
-    request = json.dumps({"path": str(path), "allow_external": False, "timeout": 5}).encode()
+    request = json.dumps({"path": str(path), "options": {}, "timeout": 5}).encode()
 
     def ask(uid: int | None) -> bytes:
         read, write = os.pipe()
@@ -388,7 +390,7 @@ def test_shared_helper_answers_only_its_own_user(tmp_path: Path) -> None:
         os.waitpid(pid, 0)
         return data
 
-    assert ask(None) == b'answer:{"status": "ok"}'
+    assert json.loads(ask(None).removeprefix(b"answer:")) == {"status": "ok", "clean": path_identity(path)}
     unanswered = (b"answer:EOFError", b"answer:ConnectionResetError", b"answer:BrokenPipeError")
     assert ask(65534) in unanswered  # the connection is closed without reading the request, or before it is sent
 
@@ -403,7 +405,7 @@ def test_helper_that_cannot_listen_still_serves_its_owner(tmp_path: Path, monkey
     monkeypatch.setattr(probe, "LISTEN_WAIT", 0.3)
     monkeypatch.setattr(probe, "_HELPER", None)
     assert probe.shared_env() == {}
-    request = {"path": str(path), "allow_external": False, "timeout": 5.0}
-    assert probe._ask(request, 20.0) == {"status": "ok"}
+    request = {"path": str(path), "options": {}, "timeout": 5.0}
+    assert probe._ask(request, 20.0) == {"status": "ok", "clean": path_identity(path)}
     assert probe._HELPER is not None and probe._HELPER.process.poll() is None
     probe._stop_helper()

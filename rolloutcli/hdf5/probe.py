@@ -23,18 +23,22 @@ import atexit
 import contextlib
 import json
 import os
+import queue
 import secrets
 import socket
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 from collections.abc import Iterator
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 from typing import Any
 
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError
+from rolloutcli.hdf5.identity import path_identity
+from rolloutcli.hdf5.limits import SafetyOptions
 
 DEFAULT_PROBE_TIMEOUT = 30.0  # seconds for one file's metadata (real files need milliseconds)
 HELPER_SLACK = 15.0  # extra seconds the helper may need to answer (its own start, the fork)
@@ -43,30 +47,32 @@ SHARED_ENV = "ROLLOUTCLI_PROBE_HELPER"  # the socket name of a helper this proce
 HELPER_CODE = "from rolloutcli.hdf5.probe_helper import serve; serve()"  # what the helper interpreter runs
 
 
-def probe_metadata(path: Path | str, allow_external: bool = False, timeout: float | None = None) -> None:
-    """Raise ``RolloutError`` (exit 1) when reading ``path``'s metadata crashes or hangs libhdf5.
+def probe_metadata(
+    path: Path | str, options: SafetyOptions | None = None, timeout: float | None = None
+) -> list[int] | None:
+    """Raise ``RolloutError`` (exit 1) when reading ``path``'s metadata crashes or hangs libhdf5; else return the
+    identity (``identity.identity``) of the file the prober's audit found clean under ``options``, or None.
 
-    Other problems (not HDF5, unsafe links, corrupt metadata that raises an error) are left to the caller,
-    which finds them again with proper messages. Where no helper can run (no ``fork``), nothing is probed.
+    The caller need not audit a file it opened with that identity again. Other problems (not HDF5, unsafe links,
+    corrupt metadata that raises an error) are left to the caller, which finds them again with proper messages.
+    Where no helper can run (no ``fork``), nothing is probed.
     """
-    timeout = DEFAULT_PROBE_TIMEOUT if timeout is None else timeout
-    if not hasattr(os, "fork"):
-        return
-    request = {"path": os.path.abspath(os.fsdecode(path)), "allow_external": allow_external, "timeout": timeout}
-    identity = _identity(request["path"])
-    key = (request["path"], allow_external, identity)
+    request, key = _request(path, options, timeout)
+    if request is None:
+        return None
     if _PROBED is not None and key in _PROBED:
-        return
-    # a file a used prober failed on is read again by a fresh one before it is blamed: two deadlines, at most
-    answer = _ask(request, 2 * (timeout + HELPER_SLACK))
-    if answer is not None and answer["status"] == "ok" and _PROBED is not None and identity is not None:
-        _PROBED.add(key)
+        return _PROBED[key]
+    ahead = _AHEAD.pop(key, None)
+    answer = ahead.answer() if ahead is not None else _ask(request, _deadline(request))
     if answer is None or answer["status"] == "ok":
-        return  # no helper could answer (it is not the file's fault): the caller reads the file directly
+        clean = answer.get("clean") if answer is not None else None
+        if answer is not None and _PROBED is not None and len(key) > 2:
+            _PROBED[key] = clean
+        return clean  # None from no helper (it is not the file's fault): the caller reads and audits the file
     if answer["status"] == "timeout":
         raise RolloutError(
-            f"{path}: reading the file's metadata did not finish in {timeout:.0f} s (libhdf5 loops forever on "
-            "some corrupt files); the file is corrupt. Re-export it from its source.",
+            f"{path}: reading the file's metadata did not finish in {request['timeout']:.0f} s (libhdf5 loops "
+            "forever on some corrupt files); the file is corrupt. Re-export it from its source.",
             exit_code=EXIT_BAD_DATA,
         )
     raise RolloutError(
@@ -76,7 +82,89 @@ def probe_metadata(path: Path | str, allow_external: bool = False, timeout: floa
     )
 
 
-_PROBED: set[tuple[Any, ...]] | None = None  # inside ``probed_once``: the files found sound, as they were then
+def _request(
+    path: Path | str, options: SafetyOptions | None, timeout: float | None
+) -> tuple[dict[str, Any] | None, tuple[Any, ...]]:
+    """The request for ``path`` (None where nothing is probed: no ``fork``) and its key: path, options and the
+    file's identity now (none when it cannot be read)."""
+    if not hasattr(os, "fork"):
+        return None, ()
+    options = options or SafetyOptions()
+    timeout = DEFAULT_PROBE_TIMEOUT if timeout is None else timeout
+    request = {"path": os.path.abspath(os.fsdecode(path)), "options": asdict(options), "timeout": timeout}
+    return request, (request["path"], options, *(path_identity(request["path"]) or ()))
+
+
+def _deadline(request: dict[str, Any]) -> float:
+    # a file a used prober failed on is read again by a fresh one before it is blamed: two deadlines, at most
+    return 2 * (float(request["timeout"]) + HELPER_SLACK)
+
+
+class _Ahead:
+    """A probe asked on the probing thread while this process works on the file before (see ``probe_ahead``)."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.request, self.done = request, threading.Event()
+        self._answer: dict[str, Any] | None = None
+
+    def run(self) -> None:
+        try:
+            self._answer = _ask(self.request, _deadline(self.request))
+        finally:
+            self.done.set()
+
+    def answer(self) -> dict[str, Any] | None:
+        self.done.wait()
+        return self._answer
+
+
+_QUEUE: queue.SimpleQueue[_Ahead] = queue.SimpleQueue()
+_PROBING: list[threading.Thread] = []  # the probing thread, started on first use (one per process)
+
+
+def _probing() -> None:
+    while True:
+        _QUEUE.get().run()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of this process's threads: the probes ahead are forgotten, and the lock the
+    probing thread may have held when the child was forked is a new one."""
+    global _LOCK, _QUEUE
+    _LOCK, _QUEUE = threading.Lock(), queue.SimpleQueue()
+    _AHEAD.clear()
+    _PROBING.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork (nothing is probed there)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# the files probed ahead -> their probes: the next file's, and the one before while its user starts the next's
+_AHEAD: dict[tuple[Any, ...], _Ahead] = {}
+AHEAD_KEPT = 2
+
+
+def probe_ahead(path: Path | str, options: SafetyOptions | None = None) -> None:
+    """Start probing ``path`` now, on another thread, for the ``probe_metadata`` that comes next: the prober reads
+    it while this process works on the file before (a serial run over many small files waits for no probe).
+    The answer counts only while the file is the same one (its identity); the oldest of two earlier probes
+    ahead not yet taken is dropped."""
+    request, key = _request(path, options, None)
+    if request is None or len(key) <= 2 or key in _AHEAD or not os.path.isfile(request["path"]):
+        return  # not a regular file (a FIFO would hold a prober until its deadline): the open refuses it
+    while len(_AHEAD) >= AHEAD_KEPT:
+        del _AHEAD[next(iter(_AHEAD))]  # the oldest
+    if not _PROBING or not _PROBING[0].is_alive() or _PROBING[0].ident is None:
+        # a daemon thread: a hung helper must not hold up the interpreter's exit (the answer is then not needed)
+        _PROBING[:] = [threading.Thread(target=_probing, name="rolloutcli-probe-ahead", daemon=True)]
+        _PROBING[0].start()
+    _AHEAD[key] = _Ahead(request)
+    _QUEUE.put(_AHEAD[key])
+
+
+# inside ``probed_once``: the files found sound, as they were then -> the identity found clean (or None)
+_PROBED: dict[tuple[Any, ...], list[int] | None] | None = None
 
 
 @contextlib.contextmanager
@@ -85,19 +173,11 @@ def probed_once() -> Iterator[None]:
     and modification and change times (a dataset's work unit opens its input twice: a probe is a round trip to
     the helper and a metadata read, a few ms). Outside it, every open probes."""
     global _PROBED
-    outer, _PROBED = _PROBED, set()
+    outer, _PROBED = _PROBED, {}
     try:
         yield
     finally:
         _PROBED = outer
-
-
-def _identity(path: str) -> tuple[int, ...] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 # --------------------------------------------------------------------------------- this process: the client

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcli.errors import RolloutError
+from rolloutcli.hdf5.identity import identity
 
 VLEN_PROBE_BYTES = 64 << 20  # variable-length datasets up to this declared size are read by the probe
 PROBER_SLACK = 5.0  # seconds past a file's alarm before the helper kills a prober that is still alive itself
@@ -95,7 +96,7 @@ _PROBERS: set[int] = set()  # the live probers' pids, killed when the helper end
 
 class _Prober:
     """A child of the helper that reads the metadata of file after file, each under its own deadline, and answers
-    ``b"ok"`` after each. (Not a ``concurrent.futures`` pool: its worker cannot be killed at one file's deadline,
+    after each (JSON: the identity of the file its audit found clean, or null). (Not a ``concurrent.futures`` pool: its worker cannot be killed at one file's deadline,
     and a crash breaks the pool.) Idle, it waits on its socket; it ends when the helper closes it or goes away."""
 
     def __init__(self) -> None:
@@ -113,15 +114,15 @@ class _Prober:
         _PROBERS.add(pid)
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``{"status": "ok" | "timeout" | "signal", "signal": name}`` for one file; ``ended`` is set when the
-        prober did not answer (it is then gone, and the status says how it ended)."""
+        """``{"status": "ok" | "timeout" | "signal", "signal": name, "clean": identity}`` for one file (``clean``:
+        the audit found the file with that identity clean); ``ended`` is set when the prober did not answer (it is then gone, and the status says how it ended)."""
         overran = False
         with contextlib.suppress(OSError, EOFError, ValueError):
             self.connection.send_bytes(json.dumps(request).encode())
             # its own alarm ends it at the file's deadline; this wait is the backstop (a stopped prober)
             if self.connection.poll(_alarm(float(request["timeout"])) + PROBER_SLACK):
-                self.connection.recv_bytes()  # its answer, or end-of-file when it died (EOFError)
-                return {"status": "ok"}
+                clean = json.loads(self.connection.recv_bytes())  # or end-of-file when it died (EOFError)
+                return {"status": "ok", "clean": clean}
             overran = True
         return self.end(overran)
 
@@ -154,16 +155,18 @@ def _read_requests(connection: Connection) -> None:
             while True:
                 request = json.loads(connection.recv_bytes())
                 signal.alarm(_alarm(float(request["timeout"])))
+                clean = None
                 with contextlib.suppress(BaseException):
-                    _read_metadata(Path(request["path"]), bool(request["allow_external"]))
+                    clean = _read_metadata(Path(request["path"]), request)
                 signal.alarm(0)
-                connection.send_bytes(b"ok")
+                connection.send_bytes(json.dumps(clean).encode())
     finally:
         os._exit(0)
 
 
-def _read_metadata(path: Path, allow_external: bool) -> None:
-    """In the prober: open, audit, then touch what commands read from the metadata (hard links)."""
+def _read_metadata(path: Path, request: dict[str, Any]) -> list[int] | None:
+    """In the prober: open, audit, then touch what commands read from the metadata (hard links). The identity of
+    the file it read (``probe.identity``) when the audit under the request's options found it clean, else None."""
     import h5py
 
     from rolloutcli.hdf5.audit import audit_file
@@ -171,16 +174,17 @@ def _read_metadata(path: Path, allow_external: bool) -> None:
 
     with h5py.File(path, "r") as handle:
         try:
-            audit_file(path, handle, SafetyOptions(allow_external=allow_external))
+            audit_file(path, handle, SafetyOptions(**request["options"]))
         except RolloutError:
-            return  # refused: the caller refuses it too, without reading more
+            return None  # refused: the caller refuses it too, without reading more
         names: list[str] = []
         handle.visititems_links(lambda name, link: names.append(name) if isinstance(link, h5py.HardLink) else None)
         objects = [handle, *(handle[name] for name in names)]
         # split copies committed datatypes object by object (H5Ocopy), which crashes on some corrupt ones
-        with h5py.File("probe", "w", driver="core", backing_store=False) as scratch:
-            for obj in objects:
-                if isinstance(obj, h5py.Datatype):
+        types = [obj for obj in objects if isinstance(obj, h5py.Datatype)]
+        if types:
+            with h5py.File("probe", "w", driver="core", backing_store=False) as scratch:
+                for obj in types:
                     handle.copy(obj, scratch, name=str(len(scratch)))
         for obj in objects:
             for key in obj.attrs:
@@ -192,3 +196,4 @@ def _read_metadata(path: Path, allow_external: bool) -> None:
             if h5py.check_vlen_dtype(obj.dtype) is not None or obj.dtype.kind == "O":
                 if obj.size * obj.dtype.itemsize <= VLEN_PROBE_BYTES:
                     obj[()]
+        return identity(os.fstat(handle.id.get_vfd_handle()))

@@ -8,7 +8,8 @@ contract: the schema, the value checks (streamed in env blocks) and reads normal
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
 from rolloutcli.fields import by_flag
+from rolloutcli.hdf5.identity import identity, path_identity
 from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, check_one_env_fits
 from rolloutcli.hdf5.safety import HDF5_ERRORS, SafetyOptions, open_hdf5, translate_hdf5_error
 from rolloutcli.hdf5.schema import DatasetInfo, RolloutSchema, describe
@@ -56,6 +58,55 @@ def _compression(dataset: h5py.Dataset) -> str | None:
     return "+".join(p for p in flags if p) or None
 
 
+_KEPT: list[Any] = [None]  # inside ``kept_open``: a list of at most one (key, identity, open state); else None
+
+
+@contextlib.contextmanager
+def kept_open() -> Iterator[None]:
+    """Inside the block, closing an ``H5Input`` keeps its file open (the last one closed, no more), and the next
+    ``H5Input`` of the same path and options takes it over while it is the same file (device, inode, size,
+    modification and change times, as the open descriptor had them) instead of probing, opening, auditing and
+    listing it again: a dataset's unit opens its input twice (the check of its fields, then the command's own)."""
+    if _KEPT[0] is not None:
+        yield
+        return
+    _KEPT[0] = []
+    try:
+        yield
+    finally:
+        _drop_kept()
+        _KEPT[0] = None
+
+
+def _keep(key: tuple[Any, ...], handle: h5py.File, state: tuple[Any, ...]) -> bool:
+    """Keep ``state`` (an input being closed) for the next ``H5Input`` of ``key``; False when not keeping."""
+    if _KEPT[0] is None:
+        return False
+    try:
+        found = identity(os.fstat(handle.id.get_vfd_handle()))
+    except (OSError, *HDF5_ERRORS):
+        return False
+    _drop_kept()
+    _KEPT[0].append((key, found, state))
+    return True
+
+
+def _take_kept(key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The kept open state of ``key``'s file when it is still the same file, else None."""
+    if not _KEPT[0] or _KEPT[0][0][0] != key:
+        return None
+    _, kept, state = _KEPT[0].pop()
+    if path_identity(key[0]) != kept:
+        state[0].close()
+        return None
+    return state
+
+
+def _drop_kept() -> None:
+    while _KEPT[0]:
+        _KEPT[0].pop()[2][0].close()
+
+
 class H5Input:
     """An audited, read-only HDF5 file. Use as a context manager or call ``close``.
 
@@ -68,6 +119,12 @@ class H5Input:
 
     def __init__(self, path: Path | str, options: SafetyOptions | None = None) -> None:
         self.path = Path(path)
+        self._key, self._closed = (os.path.abspath(self.path), options), False
+        kept = _take_kept(self._key)
+        if kept is not None:
+            self._stack, self.handle, named_types, datasets, attrs = kept
+            self.named_types, self.datasets, self.attrs = list(named_types), dict(datasets), dict(attrs)
+            return
         self._stack = contextlib.ExitStack()
         self.handle: h5py.File = self._stack.enter_context(open_hdf5(self.path, options))
         try:
@@ -75,7 +132,7 @@ class H5Input:
             self.datasets: dict[str, DatasetInfo] = self.guard(self._list_datasets)
             self.attrs: dict[str, Any] = self.guard(lambda: self.attrs_of(""))
         except BaseException:
-            self.close()
+            self._stack.close()
             raise
 
     def __enter__(self) -> H5Input:
@@ -85,7 +142,10 @@ class H5Input:
         self.close()
 
     def close(self) -> None:
-        self._stack.close()
+        if not self._closed:
+            self._closed = True
+            if not _keep(self._key, self.handle, (self._stack, self.handle, self.named_types, self.datasets, self.attrs)):
+                self._stack.close()
 
     def guard(self, fn: Callable[[], R], field: str | None = None) -> R:
         """Run ``fn`` (h5py calls on this file); an HDF5 failure or MemoryError becomes a ``RolloutError``."""

@@ -17,6 +17,7 @@ import h5py
 
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, RolloutError
 from rolloutcli.hdf5.audit import audit_file
+from rolloutcli.hdf5.identity import identity
 from rolloutcli.hdf5.limits import SafetyOptions, check_regular_file
 from rolloutcli.hdf5.probe import probe_metadata
 
@@ -136,18 +137,20 @@ def translate_hdf5_error(path: Path | str, exc: BaseException, field: str | None
 @contextlib.contextmanager
 def open_hdf5(path: Path | str, options: SafetyOptions | None = None) -> Iterator[h5py.File]:
     """Open ``path`` read-only after checking it is a regular file and probing its metadata, and audit it before
-    yielding; every HDF5 exception raised meanwhile becomes a ``RolloutError``."""
+    yielding (unless the probe's audit found the file it opened clean: the same identity as this one's descriptor
+    means the same bytes); every HDF5 exception raised meanwhile becomes a ``RolloutError``."""
     path = Path(path)
     options = options or SafetyOptions()
     check_regular_file(path)
-    probe_metadata(path, options.allow_external)
+    clean = probe_metadata(path, options)
     try:
         handle = h5py.File(path, "r")
     except HDF5_ERRORS as exc:
         raise translate_hdf5_error(path, exc) from exc
     try:
         try:
-            audit_file(path, handle, options)
+            if clean is None or identity(os.fstat(handle.id.get_vfd_handle())) != clean:
+                audit_file(path, handle, options)
         except HDF5_ERRORS as exc:
             raise translate_hdf5_error(path, exc) from exc
         yield handle

@@ -20,9 +20,10 @@ from typing import Any
 
 from rolloutcli.dataset import Dataset, Signature, check_agrees, file_hash, signature
 from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, EXIT_USAGE, RolloutError, stop_if_signalled
-from rolloutcli.hdf5.atomic import TEMP_MARKER
+from rolloutcli.hdf5.atomic import TEMP_MARKER, folder_sync_deferred, fsync_dir
 from rolloutcli.hdf5.limits import SafetyOptions
-from rolloutcli.hdf5.probe import probed_once
+from rolloutcli.hdf5.probe import probe_ahead, probed_once
+from rolloutcli.hdf5.reader import kept_open
 from rolloutcli.hdf5.rename import rename_noreplace
 from rolloutcli.pipeline.dataset_journal import Journal, earlier_entries
 from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
@@ -98,15 +99,19 @@ Base = tuple[Path, Signature | None, SafetyOptions | None]
 
 
 def hashed_unit(
-    fn: Callable[..., Any], args: tuple[Any, ...], src: Path, out: Path, name: str, base: Base
+    fn: Callable[..., Any], args: tuple[Any, ...], src: Path, out: Path, name: str, base: Base, ahead: Path | None
 ) -> dict[str, Any]:
     """A dataset's work unit: check that ``src``'s per-step fields agree with the first file's, run the
     command's unit ``fn(*args)`` writing ``out`` from ``src``, then return the entries of both for
-    ``dataset.json``. The check and the hashing run in the workers, in parallel; the file is probed once. Run
+    ``dataset.json``. The check and the hashing run in the workers, in parallel; the file is probed once
+    (``ahead``: the file of the unit this process runs next, probed meanwhile), opened once. Run
     again (Ray retries a task whose node was lost after it wrote ``out``; an ``OSError`` while hashing), it
     replaces the ``out`` of the earlier attempt: the command's unit refused it as an existing output (exit 2)."""
     first, expected, safety = base
-    with probed_once():
+    if ahead is not None:  # the next unit's input, in this process: probed while this one runs
+        probe_ahead(ahead, safety)
+    # the input is opened once for the check and the command; the driver syncs the folders before it publishes
+    with probed_once(), kept_open(), folder_sync_deferred():
         if expected is not None and src != first:
             check_agrees(first, expected, src, signature(src, safety)[0])
         source = _input_entry(src, name)
@@ -151,7 +156,8 @@ def run_dataset(
     journal = _start_journal(Journal(tmp, head, len(dataset.files)), _kept(earlier, dataset, tmp))
     reused = journal.done
     try:
-        units = _Units(dataset, tmp, make_unit, base, journal.offsets)
+        serial = engine.engine == "local" and engine.workers == 1  # then the units run in order, here
+        units = _Units(dataset, tmp, make_unit, base, journal.offsets, serial)
         run_units(units, engine, lambda k, result: journal.add(units.pending[k], result))
     except BaseException:
         journal.close()
@@ -191,9 +197,15 @@ class _Units(Sequence[Unit]):
     overwrite)."""
 
     def __init__(
-        self, dataset: Dataset, tmp: Path, make_unit: Callable[[Path, Path], Unit], base: Base, offsets: array
+        self,
+        dataset: Dataset,
+        tmp: Path,
+        make_unit: Callable[[Path, Path], Unit],
+        base: Base,
+        offsets: array,
+        serial: bool,
     ) -> None:
-        self.dataset, self.tmp, self.make_unit, self.base = dataset, tmp, make_unit, base
+        self.dataset, self.tmp, self.make_unit, self.base, self.serial = dataset, tmp, make_unit, base, serial
         self.pending = array("q", (i for i, offset in enumerate(offsets) if offset < 0))  # unit k's input
         for i in self.pending:
             out = tmp / dataset.names[i]
@@ -209,7 +221,8 @@ class _Units(Sequence[Unit]):
         name = self.dataset.names[i]
         out = self.tmp / name
         src = Path(os.path.abspath(self.dataset.files[i]))  # absolute: tasks run in other folders
-        return (hashed_unit, (*self.make_unit(src, out), src, out, name, self.base))
+        ahead = self.dataset.files[self.pending[k + 1]] if self.serial and k + 1 < len(self.pending) else None
+        return (hashed_unit, (*self.make_unit(src, out), src, out, name, self.base, ahead))
 
 
 def _publish(tmp: Path, dst: Path, overwrite: bool) -> None:
@@ -225,5 +238,6 @@ def _publish(tmp: Path, dst: Path, overwrite: bool) -> None:
         raise RolloutError(
             f"{dst}: cannot publish the output folder: {exc.strerror or exc}.", exit_code=EXIT_IO
         ) from exc
+    fsync_dir(dst.parent)  # the publication itself is on disk when the command ends
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

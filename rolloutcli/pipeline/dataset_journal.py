@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
-from rolloutcli.hdf5.atomic import atomic_file, fsync_dir
+from rolloutcli.hdf5.atomic import atomic_file, fsync_tree
 
 JOURNAL = ".dataset.journal"
 RECORD = "dataset.json"
@@ -95,7 +95,9 @@ class Journal:
             self.path.unlink()
         except OSError as exc:
             raise self._error(exc) from exc
-        fsync_dir(self.folder)  # the journal's removal is on disk before the folder is published
+        # the journal's removal and every output's rename (the units defer their folder syncs) are on disk before
+        # the folder is published
+        fsync_tree(self.folder)
 
     def _reader(self, journal: IO[bytes], key: str) -> Callable[[], Iterator[Any]]:
         def entries() -> Iterator[Any]:  # in input order; one line in memory at a time

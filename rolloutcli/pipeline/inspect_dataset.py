@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from rolloutcli.core.stats import EpisodeStats, Moments
-from rolloutcli.dataset import Dataset, check_agreement, dataset_reader
+from rolloutcli.dataset import Dataset, check_agreement, check_agrees, dataset_reader, reader_signature
 from rolloutcli.errors import RolloutError
+from rolloutcli.hdf5.probe import probe_ahead
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.inspect import MOMENT_FIELDS, _episodes_report, _scan
 from rolloutcli.pipeline.options import RunOptions
@@ -44,6 +45,24 @@ def _merge(a: EpisodeStats, b: EpisodeStats) -> EpisodeStats:
     return pad[0].merge(pad[1])
 
 
+class _Agreement:
+    """``check_agreement``'s rule, checked on each file while it is open for its row (a file opened once): the
+    first disagreement, as it would raise it, becomes ``problems``' one warning."""
+
+    def __init__(self) -> None:
+        self.first: tuple[Path, Any] | None = None
+        self.problems: list[str] = []
+
+    def check(self, path: Path, reader: RolloutReader) -> None:
+        if self.first is None:
+            self.first = (path, reader_signature(reader))
+        elif not self.problems:
+            try:
+                check_agrees(self.first[0], self.first[1], path, reader_signature(reader))
+            except RolloutError as error:
+                self.problems.append(str(error))
+
+
 def run_inspect_dataset(
     dataset: Dataset, options: RunOptions, progress: Progress | None = None, *, per_dim: bool = False
 ) -> dict[str, Any]:
@@ -57,8 +76,12 @@ def run_inspect_dataset(
     episodes: EpisodeStats | None = None
     moments: dict[str, Moments] = {}
     fields: list[dict[str, Any]] = []
-    for path, name in zip(dataset.files, dataset.names, strict=True):
+    agreement = _Agreement()
+    for i, (path, name) in enumerate(zip(dataset.files, dataset.names, strict=True)):
+        if i + 1 < len(dataset.files):
+            probe_ahead(dataset.files[i + 1], options.safety)  # read by the prober while this file is scanned
         with dataset_reader(path, options.safety, check=False, budget=options.max_memory) as reader:
+            agreement.check(path, reader)
             found: list[str] = []
             try:
                 reader.check_values()
@@ -76,10 +99,7 @@ def run_inspect_dataset(
         episodes = stats if episodes is None else _merge(episodes, stats)
         for key, value in values.items():
             moments[key] = moments[key].merge(value) if key in moments else value
-    try:
-        check_agreement(dataset.files, options.safety)
-    except RolloutError as error:
-        warnings.append(str(error))
+    warnings.extend(agreement.problems)
     assert episodes is not None
     totals = {
         "files": len(rows),

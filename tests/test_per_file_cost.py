@@ -1,0 +1,134 @@
+"""What a dataset pays per file: one probe, one open and audit, one fsync (issue 39). Counted, not timed."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from rollout_factory import make_rollout
+from test_dataset_journal import NAMES, gae, runs  # noqa: F401 - the fixture
+
+from rolloutcli.errors import RolloutError
+from rolloutcli.hdf5 import reader as reader_module
+from rolloutcli.hdf5 import safety
+from rolloutcli.hdf5.identity import path_identity
+from rolloutcli.hdf5.limits import SafetyOptions
+from rolloutcli.hdf5.reader import RolloutReader, kept_open
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the probe needs fork")
+
+
+@pytest.fixture
+def audited(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The files this process audits itself (the probe's own audits, in its prober, are not counted)."""
+    calls: list[Path] = []
+    real = safety.audit_file
+    monkeypatch.setattr(safety, "audit_file", lambda path, handle, options: calls.append(path) or real(path, handle, options))
+    return calls
+
+
+def test_a_file_the_probe_found_clean_is_not_audited_again(tmp_path: Path, audited: list[Path], monkeypatch) -> None:
+    path = make_rollout(tmp_path / "r.h5")
+    with safety.open_hdf5(path):
+        pass
+    assert audited == []
+    # the probe vouches for another file (it changed between the probe and the open): audited here
+    monkeypatch.setattr(safety, "probe_metadata", lambda path, options: [0, 0, 0, 0, 0])
+    with safety.open_hdf5(path):
+        pass
+    assert audited == [path]
+
+
+def test_the_probe_audits_under_the_callers_options(tmp_path: Path, audited: list[Path]) -> None:
+    """A file clean under the defaults but not under tighter options is refused with the audit's own message."""
+    path = make_rollout(tmp_path / "r.h5")
+    with pytest.raises(RolloutError) as caught, safety.open_hdf5(path, SafetyOptions(max_dataset_bytes=8)):
+        pass
+    assert caught.value.exit_code == 4 and "expected at most 8 bytes" in str(caught.value)
+    assert audited == [path]
+
+
+def test_kept_open_opens_an_unchanged_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_rollout(tmp_path / "r.h5")
+    opened: list[Path] = []
+    real = reader_module.open_hdf5
+    monkeypatch.setattr(reader_module, "open_hdf5", lambda p, o=None: opened.append(p) or real(p, o))
+    with kept_open():
+        with RolloutReader(path, check=False) as first:
+            rewards = first.array("rewards")
+        with RolloutReader(path) as second:
+            assert (second.array("rewards") == rewards).all()
+        assert len(opened) == 1
+        with RolloutReader(path, SafetyOptions(allow_external=True)):  # other options: opened anew
+            pass
+        os.utime(path, ns=(1, 1))  # another file now: opened anew
+        with RolloutReader(path) as third:
+            pass
+        assert len(opened) == 3
+    assert not third.handle.id.valid  # the last one kept is closed with the block
+    with RolloutReader(path) as outside, RolloutReader(path):
+        assert outside.handle.id.valid
+    assert len(opened) == 5
+
+
+def test_a_dataset_fsyncs_each_output_once(runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Each output is fsynced before it is renamed into the partial folder; the folders are fsynced once, at the
+    end (a rename a crash loses only redoes its file on --resume): not a folder fsync per file."""
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    gae(runs, tmp_path / "out")
+    folders = 3  # the partial folder and its a/ and b/
+    # each output; the journal's start and dataset.json (file and folder each); the folders; the publication
+    assert len(synced) == len(NAMES) + 4 + folders + 1
+
+
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Each probe request this process sends: (path, the thread that sent it)."""
+    from rolloutcli.hdf5 import probe
+
+    calls: list[tuple[str, str]] = []
+    real = probe._ask
+
+    def recording(request: dict, timeout: float) -> dict | None:
+        calls.append((request["path"], threading.current_thread().name))
+        return real(request, timeout)
+
+    monkeypatch.setattr(probe, "_ask", recording)
+    return calls
+
+
+def _ahead_done() -> None:
+    from rolloutcli.hdf5 import probe
+
+    for ahead in list(probe._AHEAD.values()):
+        ahead.done.wait()
+
+
+def test_a_file_probed_ahead_is_not_probed_again_unless_it_changed(tmp_path: Path, asked: list) -> None:
+    from rolloutcli.hdf5 import probe
+
+    path = make_rollout(tmp_path / "r.h5")
+    probe.probe_ahead(path)
+    assert probe.probe_metadata(path) == path_identity(path)
+    assert asked == [(str(path), "rolloutcli-probe-ahead")]
+    probe.probe_ahead(path)
+    os.utime(path, ns=(1, 1))  # another file now: the answer ahead is not taken
+    assert probe.probe_metadata(path) == path_identity(path)
+    _ahead_done()
+    assert sorted(asked) == [(str(path), "MainThread"), *[(str(path), "rolloutcli-probe-ahead")] * 2]
+    probe.probe_ahead(tmp_path)  # not a file: nothing is asked (the open refuses it)
+    _ahead_done()
+    assert len(asked) == 3
+
+
+def test_a_serial_dataset_probes_each_file_once_ahead(runs: Path, tmp_path: Path, asked: list) -> None:  # noqa: F811
+    gae(runs, tmp_path / "out")
+    _ahead_done()
+    files = sorted(str(runs / name) for name in NAMES)
+    first = str(runs / NAMES[0])  # the driver reads its fields before the units run
+    assert sorted(path for path, _ in asked) == sorted([*files, first])
+    assert {thread for path, thread in asked if path != first} == {"rolloutcli-probe-ahead"}
