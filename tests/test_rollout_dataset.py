@@ -156,3 +156,20 @@ def test_a_field_one_row_of_which_cannot_be_bounded_is_refused(tmp_path) -> None
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 < 64 << 20
     dataset = RolloutDataset(path, read_bytes=256 << 20, fields=["actions", "observations/critic"])
     assert dataset[3].observations["critic"].shape == (1, D) and not dataset[3].observations["critic"].any()
+
+
+def test_a_dataset_of_many_files_keeps_few_open(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training run's thousands of files would exhaust the file descriptors (1,024 a process is common): each
+    process keeps ``OPEN_FILES`` open at most, least recently used closed first, with the same rows."""
+    from rolloutcli.hdf5 import rows
+
+    monkeypatch.setattr(rows, "OPEN_FILES", 3)
+    paths = [write_rollout(tmp_path / f"r{i}.h5", full_arrays(4, 2, seed=i)) for i in range(8)]
+    dataset = RolloutDataset(tmp_path, cache_bytes=0)  # no field cached whole: every read goes to its file
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0)).tolist()
+    for index in order + order[::-1]:
+        file, row = divmod(index, 4 * 2)
+        expected = full_arrays(4, 2, seed=file)["actions"][row // 2, row % 2]
+        assert torch.equal(dataset[index].actions[0], torch.from_numpy(expected))
+        assert len(dataset.reader._open) <= 3
+    assert [p.name for p in dataset.paths] == [p.name for p in paths]
