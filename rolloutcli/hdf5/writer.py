@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -101,6 +102,9 @@ class RolloutOutput:
             )
         )
         self._early = _EarlySync(tmp) if early_sync else None
+        # Copied datasets holding object references, (source name, output name): libhdf5's copy across files
+        # nulls their references, so :meth:`copy_attrs` writes them again, re-pointed into the output.
+        self._references: list[tuple[str, str]] = []
 
     def __enter__(self) -> RolloutOutput:
         return self
@@ -197,12 +201,16 @@ class RolloutOutput:
                 source.handle.copy(source.handle[name], group, name=leaf)
             except (*HDF5_ERRORS, MemoryError) as exc:
                 raise translate_write_error(self.dst, exc, source.path) from exc
+            if name in source.datasets and holds_references(source.datasets[name].dtype):
+                self._references.append((name, target))
 
     def copy_attrs(self, rename: Callable[[str], str | None] = str) -> list[str]:
         """Copy the attributes of every source object (root, groups, datasets, named datatypes) onto the output
         object at ``rename(path)`` when there is one. Object references are re-pointed at the output's object
         of the renamed path; an attribute holding a reference with no such object (or a region reference) is
-        not copied. Returns those attributes, as ``path@name``."""
+        not copied. Returns those attributes, as ``path@name``. Copied datasets of references are re-pointed the
+        same way first (:meth:`_repoint_datasets`)."""
+        self._repoint_datasets(rename)
         source, dropped = self._source(), []
         names = [""]
         source.guard(lambda: source.handle.visit(names.append))
@@ -222,6 +230,47 @@ class RolloutOutput:
                 dtype = attr.dtype
                 self._do(lambda out=out, key=key, value=value, dtype=dtype: out.attrs.create(key, value, dtype=dtype))
         return dropped
+
+
+    def _repoint_datasets(self, rename: Callable[[str], str | None]) -> None:
+        """Write each copied dataset of references again, every reference re-pointed at the output's object of
+        the renamed path, in blocks of rows; one that cannot be (no such object, a region reference) is refused:
+        a dangling or nulled reference would lose what the input said."""
+        source = self._source()
+        for name, target in self._references:
+            stored, out = source.handle[name], self.file[target]
+            if not stored.shape or source.guard(stored.id.get_storage_size, name) == 0:  # never written: all null
+                blocks = [()] if not stored.shape else []
+            else:
+                step = max(1, REPOINT_ITEMS // max(math.prod(stored.shape[1:]), 1))
+                blocks = [(slice(start, start + step),) for start in range(0, stored.shape[0], step)]
+            for index in blocks:
+                value = _repoint(source.guard(lambda index=index: stored[index], name), source.handle, self.file, rename)
+                if value is _DANGLING:
+                    raise RolloutError.field(
+                        source.path,
+                        name,
+                        "object references to objects the output keeps",
+                        "a reference to an object the output does not hold, or a region reference",
+                        "Nothing was written; point the references at datasets the output keeps, or remove them.",
+                    )
+                self._do(lambda index=index, value=value: out.__setitem__(index, value))
+
+
+REPOINT_ITEMS = 1 << 16  # references re-pointed per block (each is a Python object and an HDF5 lookup)
+
+
+def holds_references(dtype: np.dtype) -> bool:
+    """Whether values of ``dtype`` hold HDF5 object or region references (compound members and variable-length
+    sequences included)."""
+    if dtype.names:
+        return any(holds_references(dtype.fields[name][0]) for name in dtype.names)
+    if dtype.subdtype is not None:
+        return holds_references(dtype.subdtype[0])
+    if h5py.check_dtype(ref=dtype) is not None:
+        return True
+    inner = h5py.check_dtype(vlen=dtype)
+    return isinstance(inner, np.dtype) and holds_references(inner)
 
 
 _DANGLING = object()
