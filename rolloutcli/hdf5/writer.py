@@ -201,7 +201,7 @@ class RolloutOutput:
                 source.handle.copy(source.handle[name], group, name=leaf)
             except (*HDF5_ERRORS, MemoryError) as exc:
                 raise translate_write_error(self.dst, exc, source.path) from exc
-            if name in source.datasets and holds_references(source.datasets[name].dtype):
+            if name in source.datasets and _holds_references(source.datasets[name].dtype):
                 self._references.append((name, target))
 
     def copy_attrs(self, rename: Callable[[str], str | None] = str) -> list[str]:
@@ -231,7 +231,6 @@ class RolloutOutput:
                 self._do(lambda out=out, key=key, value=value, dtype=dtype: out.attrs.create(key, value, dtype=dtype))
         return dropped
 
-
     def _repoint_datasets(self, rename: Callable[[str], str | None]) -> None:
         """Write each copied dataset of references again, every reference re-pointed at the output's object of
         the renamed path, in blocks of rows; one that cannot be (no such object, a region reference) is refused:
@@ -239,13 +238,9 @@ class RolloutOutput:
         source = self._source()
         for name, target in self._references:
             stored, out = source.handle[name], self.file[target]
-            if not stored.shape or source.guard(stored.id.get_storage_size, name) == 0:  # never written: all null
-                blocks = [()] if not stored.shape else []
-            else:
-                step = max(1, REPOINT_ITEMS // max(math.prod(stored.shape[1:]), 1))
-                blocks = [(slice(start, start + step),) for start in range(0, stored.shape[0], step)]
-            for index in blocks:
-                value = _repoint(source.guard(lambda index=index: stored[index], name), source.handle, self.file, rename)
+            for index in _row_blocks(stored, source.guard(stored.id.get_storage_size, name)):
+                data = source.guard(lambda stored=stored, index=index: stored[index], name)
+                value = _repoint(data, source.handle, self.file, rename)
                 if value is _DANGLING:
                     raise RolloutError.field(
                         source.path,
@@ -254,23 +249,34 @@ class RolloutOutput:
                         "a reference to an object the output does not hold, or a region reference",
                         "Nothing was written; point the references at datasets the output keeps, or remove them.",
                     )
-                self._do(lambda index=index, value=value: out.__setitem__(index, value))
+                self._do(lambda out=out, index=index, value=value: out.__setitem__(index, value))
 
 
 REPOINT_ITEMS = 1 << 16  # references re-pointed per block (each is a Python object and an HDF5 lookup)
 
 
-def holds_references(dtype: np.dtype) -> bool:
+def _row_blocks(dataset: h5py.Dataset, stored_bytes: int) -> list[tuple[slice, ...]]:
+    """Indexes of ``dataset`` in blocks of rows of about ``REPOINT_ITEMS`` values (``()``: a scalar); none when
+    nothing was ever written (every value is the fill value: a null reference)."""
+    if not dataset.shape:
+        return [()]
+    if stored_bytes == 0:
+        return []
+    step = max(1, REPOINT_ITEMS // max(math.prod(dataset.shape[1:]), 1))
+    return [(slice(start, start + step),) for start in range(0, dataset.shape[0], step)]
+
+
+def _holds_references(dtype: np.dtype) -> bool:
     """Whether values of ``dtype`` hold HDF5 object or region references (compound members and variable-length
     sequences included)."""
     if dtype.names:
-        return any(holds_references(dtype.fields[name][0]) for name in dtype.names)
+        return any(_holds_references(dtype.fields[name][0]) for name in dtype.names)
     if dtype.subdtype is not None:
-        return holds_references(dtype.subdtype[0])
+        return _holds_references(dtype.subdtype[0])
     if h5py.check_dtype(ref=dtype) is not None:
         return True
     inner = h5py.check_dtype(vlen=dtype)
-    return isinstance(inner, np.dtype) and holds_references(inner)
+    return isinstance(inner, np.dtype) and _holds_references(inner)
 
 
 _DANGLING = object()
@@ -284,7 +290,10 @@ def _repoint(value: Any, source: h5py.File, out: h5py.File, rename: Callable[[st
     if isinstance(value, h5py.Reference):
         if not value:
             return value
-        target = rename(source[value].name.lstrip("/"))
+        try:
+            target = rename(source[value].name.lstrip("/"))
+        except HDF5_ERRORS:  # the input's own reference points nowhere (its object deleted): no target to keep
+            return _DANGLING
         return out[target].ref if target is not None and (target == "" or target in out) else _DANGLING
     if isinstance(value, np.ndarray) and value.dtype.names:
         copy = value.copy()
