@@ -345,6 +345,32 @@ def test_a_reference_the_output_cannot_hold_is_refused(tmp_path: Path, cli) -> N
     _assert_refused(tmp_path, "split", src, before, code, out, err, "regions", "a region reference")
 
 
+# ------------------------------------------------------------------------------------------ no inputs
+
+FILE_ARGUMENT_READERS = [name for name, command in COMMANDS.items() if command.source != "d4rl"]  # import: a source
+
+
+@pytest.mark.parametrize("kind", ["empty folder", "glob matching nothing"])
+@pytest.mark.parametrize("name", FILE_ARGUMENT_READERS)
+def test_arguments_naming_no_input_are_a_usage_error(tmp_path: Path, cli, monkeypatch, name: str, kind: str) -> None:
+    """Issue 40.9: an empty input folder was exit 1 and a glob matching nothing exit 2; both name no input: exit 2,
+    one line, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "notes.txt").write_text("not a rollout")
+    arg = "runs" if kind == "empty folder" else "runs/*.h5"
+    command = COMMANDS[name]
+    code, out, err = cli(*command.argv(arg, "out"))
+    expected = {
+        "empty folder": "error: runs: expected rollout files (*.h5, *.hdf5) in the directory, found none. Check the "
+        "path.",
+        "glob matching nothing": "error: runs/*.h5: expected files matching the pattern, found none. Check the "
+        "pattern.",
+    }[kind]
+    assert (code, out, err) == (2, "", expected + "\n")
+    assert sorted(os.listdir(tmp_path)) == ["runs"] and os.listdir(tmp_path / "runs") == ["notes.txt"]
+
+
 # ------------------------------------------------------------------------------------------ property
 
 
