@@ -275,9 +275,8 @@ def _check_shards_fit(job: ExportJob, budget: int) -> None:
     """Refuse, before any block is read, an export whose largest shard does not fit in ``budget``.
 
     A shard is gathered whole in memory (its buffers, then its file image), so its size, not the block's, is
-    what a declared-huge source with few mini-batches costs (a 50 KB file declaring 2.3 GB took 2.3 GB); with
-    it, a block (an eighth of the budget) and the pending pieces (a quarter at most) the export stays within
-    about 1.4 times ``budget``.
+    what a declared-huge source with few mini-batches costs (a 50 KB file declaring 2.3 GB took 2 GB); the
+    blocks (an eighth of the budget) and the pending pieces (a quarter at most) are bounded by it already.
     """
     largest = max((max(p.sizes, default=0) for p in job.plan.passes), default=0) * sum(f.row_bytes for f in job.fields)
     if largest > budget:

@@ -11,7 +11,8 @@ Split output layout (``rolloutcli_format = "trajectories"``):
 | ``rollout/hidden_states/<actor|critic>/<i>`` | ``[T, layers, N, H]`` | recorded states, verbatim (for unpad) |
 | any other dataset (``last_values``, extras) | as stored | copied verbatim |
 
-Every attribute is kept (object references re-pointed into the output) and ``--unpad`` restores all of it.
+Every attribute and dataset of object references is kept (re-pointed into the output) and ``--unpad`` restores all
+of it; a per-step field of references or variable-length data is refused (its bytes point elsewhere in the file).
 Fields are moved as raw bytes (rows viewed as ``uint8``), so every dtype round-trips bit for bit.
 """
 
