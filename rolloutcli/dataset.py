@@ -18,7 +18,7 @@ from typing import Any
 
 import xxhash
 
-from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, EXIT_USAGE, RolloutError
+from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.reader import H5Input, RolloutReader
 
@@ -44,15 +44,18 @@ def _expand(arg: str) -> tuple[list[Path], Path, bool]:
     if os.path.isdir(path):
         files = [Path(p) for p in glob.glob(os.path.join(glob.escape(arg), "**", "*"), recursive=True)]
         files = [p for p in files if p.suffix.lower() in SUFFIXES and p.is_file()]
-        if not files:
+        if not files:  # like a glob matching nothing: the arguments name no input (usage, not the data)
             raise RolloutError(
-                f"{arg}: expected rollout files (*.h5, *.hdf5) in the directory, found none.", exit_code=EXIT_BAD_DATA
+                f"{arg}: expected rollout files (*.h5, *.hdf5) in the directory, found none. Check the path.",
+                exit_code=EXIT_USAGE,
             )
         return files, path, True
     if not os.path.lexists(path) and GLOB_CHARS & set(arg):
         files = [Path(p) for p in glob.glob(arg, recursive=True) if os.path.isfile(p)]
         if not files:
-            raise RolloutError(f"{arg}: the pattern matches no file. Check the pattern.", exit_code=EXIT_USAGE)
+            raise RolloutError(
+                f"{arg}: expected files matching the pattern, found none. Check the pattern.", exit_code=EXIT_USAGE
+            )
         return files, Path(os.path.commonpath([os.path.abspath(p.parent) for p in files])), True
     return [path], path.parent, False
 
@@ -61,8 +64,8 @@ def resolve(args: Sequence[str | Path]) -> Dataset:
     """The dataset named by ``args`` (files, directories, globs): sorted by path, each file once.
 
     Raises:
-        RolloutError: an empty directory (exit 1), a glob matching nothing, no argument, or one file named
-            twice (by two paths, links included: exit 2).
+        RolloutError: a directory without rollout files, a glob matching nothing, no argument, or one file
+            named twice (by two paths, links included): exit 2, all of them.
     """
     if not args:
         raise RolloutError("expected at least one rollout file, directory or glob, found none.", exit_code=EXIT_USAGE)

@@ -159,7 +159,8 @@ def test_recurrent_trajectories_masks_and_hidden_states(sources, tmp_path, shuff
 def test_tiny_memory_budget_gives_identical_shards(sources, tmp_path, options: dict) -> None:
     src, _ = sources["lstm"]
     big = export(src, tmp_path / "big", **dict(options))
-    small = export(src, tmp_path / "small", memory=2 << 10, **dict(options))
+    # 5K: the smallest budget its largest shard fits in (a shard is built whole in memory; issue 40.7)
+    small = export(src, tmp_path / "small", memory=5 << 10, **dict(options))
     assert not big["streamed"] and small["streamed"] and small["blocks"] > 1
     assert shard_files(tmp_path / "big") == shard_files(tmp_path / "small")
     assert entries(tmp_path / "big") == entries(tmp_path / "small")

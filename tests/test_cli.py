@@ -97,6 +97,10 @@ def test_every_help_ends_with_an_example_that_runs(tmp_path: Path, cli, monkeypa
         (["inspect", "{src}", "--debug"], "No such option: --debug"),
         (["gae", "{src}", "-o", "-"], "error: -o: expected a path, found '-'"),
         (["batch", "{src}", "-o", "-", "-m", "2"], "error: -o: expected a path, found '-'"),
+        (
+            ["stats", "{src}", "--normalizer", "-"],  # issue 40.9: it wrote a file named "-"
+            "error: --normalizer: expected a path, found '-' (the normalizer is a torch.save file, never stdout).",
+        ),
     ],
 )
 def test_usage_errors_are_one_line_exit_2(tmp_path: Path, cli, monkeypatch, argv: list[str], words: str) -> None:

@@ -53,8 +53,8 @@ def test_resolve_sorts_dedups_and_names(runs: Path, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(RolloutError, match="empty: expected rollout files") as error:
         resolve([tmp_path / "empty"])
-    assert error.value.exit_code == 1
-    with pytest.raises(RolloutError, match=r"nope\*.h5: the pattern matches no file") as error:
+    assert error.value.exit_code == 2  # as a glob matching nothing: one rule (issue 40.9)
+    with pytest.raises(RolloutError, match=r"nope\*.h5: expected files matching the pattern, found none") as error:
         resolve([str(tmp_path / "nope*.h5")])
     assert error.value.exit_code == 2
 

@@ -51,3 +51,33 @@ def test_an_env_larger_than_the_budget_is_refused_before_reading(tmp_path: Path,
     assert lines[0].endswith("more than --max-memory 16M; pass --max-memory " + lines[0].split("--max-memory ")[-1])
     assert peak_kib < 400 * 1024, f"peak RSS {peak_kib} KiB: the env was read"
     assert not dst.exists() and temporaries(tmp_path) == []
+
+
+def _declared_huge_file(path: Path) -> tuple[Path, int]:
+    """A few KB declaring 2.3 GB of never-written chunks (2**23 rows of 276 bytes); returns it and a row's bytes."""
+    T, N, OBS = 1 << 21, 4, 64
+    with h5py.File(path, "w") as handle:
+        handle.attrs.update({"rolloutcli_format": "rollout", "format_version": 1})
+        for name in ("rewards", "values", "advantages", "returns", "dones"):
+            handle.create_dataset(name, (T, N), "u1" if name == "dones" else "f4", chunks=(1 << 16, 1))
+        handle.create_dataset("actions", (T, N, 2), "f4", chunks=(1 << 16, 1, 2))
+        handle.create_dataset("observations/policy", (T, N, OBS), "f4", chunks=(1 << 12, 1, OBS))
+        handle["last_values"] = np.zeros(N, np.float32)
+    return path, 4 * OBS + 4 * 2 + 4 * 4 + 1
+
+
+def test_batch_refuses_a_shard_larger_than_the_budget_before_reading(tmp_path: Path) -> None:
+    """Issue 40.7: ``batch --max-memory 64M`` on a 50 KB file declaring 2.3 GB peaked at 2.3 GB: a shard is built
+    whole in memory, so one larger than the budget is refused (exit 2, naming the budget it needs)."""
+    src, row = _declared_huge_file(tmp_path / "huge.h5")
+    assert src.stat().st_size < 64 << 10
+    dst = tmp_path / "shards"
+    code, err, peak_kib = _peak_child(["batch", str(src), "-o", str(dst), "-m", "4", "--max-memory", "64M", "-q"])
+    largest = (1 << 23) // 4 * row  # 2**23 rows in 4 mini-batches
+    assert code == 2 and error_lines(err) == [
+        f"error: --max-memory: batch builds each shard in memory (the largest holds {largest} bytes); expected a "
+        f"budget of at least {-(-largest >> 20)}M, found 67108864 bytes. Raise --max-memory or export more, smaller "
+        "mini-batches."
+    ], err
+    assert peak_kib < 400 * 1024, f"peak RSS {peak_kib} KiB: the source was read"
+    assert not dst.exists() and temporaries(tmp_path) == []

@@ -271,6 +271,106 @@ def test_split_file_rule(tmp_path: Path, cli, case: tuple[str, str]) -> None:
     _assert_refused(tmp_path, name, src, before, code, out, err, field, words)
 
 
+# ------------------------------------------------------------------------------------- object references
+
+FILE_WRITERS = [name for name, command in COMMANDS.items() if command.output == "file" and command.source != "d4rl"]
+REFERENCE_TARGETS = {"index": ["/actions", "/last_values"], "links": ["/last_values", "/observations/policy"]}
+
+
+def _add_references(handle: h5py.File, per_step: bool) -> None:
+    """Datasets of object references: ``index`` (plain), ``links`` (a compound of a reference and a number) and,
+    ``per_step``, ``frame_ref`` laid out ``[T, N]`` like a step field (every step pointing at ``/values``)."""
+    for name, targets in REFERENCE_TARGETS.items():
+        if name == "index":
+            handle.create_dataset(name, data=np.array([handle[t].ref for t in targets], object), dtype=h5py.ref_dtype)
+        else:
+            dtype = np.dtype([("target", h5py.ref_dtype), ("weight", "f4")])
+            handle.create_dataset(name, data=np.array([(handle[t].ref, 0.5) for t in targets], dtype))
+    if per_step:
+        refs = np.full(handle["rewards"].shape[:2], handle["values"].ref, object)
+        handle.create_dataset("frame_ref", data=refs, dtype=h5py.ref_dtype)
+
+
+def _targets(handle: h5py.File, name: str) -> list[str]:
+    """What each reference of ``name`` points at in ``handle`` ("null" or "dangling" where it points nowhere)."""
+    data = handle[name][()]
+    refs = data["target"] if data.dtype.names else data
+    out = []
+    for ref in refs.reshape(-1):
+        try:
+            out.append(handle[ref].name if ref else "null")
+        except (KeyError, ValueError):
+            out.append("dangling")
+    return out
+
+
+@pytest.mark.parametrize("per_step", [False, True], ids=["carried", "per-step"])
+@pytest.mark.parametrize("name", FILE_WRITERS)
+def test_object_references_resolve_in_the_output_or_are_refused(tmp_path: Path, cli, name: str, per_step: bool) -> None:
+    """Issue 40.6: every reference a written file holds points at its own copy of the object the input's pointed
+    at, or the command refuses (exit 1, one line naming the field, nothing written): split copied them nulled
+    and crashed on a per-step field of them."""
+    command = COMMANDS[name]
+    if per_step and command.source == "split":
+        pytest.skip("a split file's per-step fields are those split wrote")
+    src = make_input(command.source, tmp_path / "in.h5", end_rate=0.3)
+    with h5py.File(src, "a") as handle:
+        _add_references(handle, per_step)
+    before = digest(src)
+    dst = command.output_path(src, tmp_path)
+    code, out, err = cli(*command.argv(src, dst))
+    if per_step and name == "split":
+        words = "expected fixed-size values, found HDF5 object references or variable-length data"
+        return _assert_refused(tmp_path, name, src, before, code, out, err, "frame_ref", words)
+    assert code == 0 and error_lines(err) == [], err
+    with h5py.File(dst) as handle:
+        for dataset, targets in REFERENCE_TARGETS.items():
+            assert _targets(handle, dataset) == targets, dataset
+        if per_step:
+            assert set(_targets(handle, "frame_ref")) == {"/values"}
+
+
+def test_a_reference_the_output_cannot_hold_is_refused(tmp_path: Path, cli) -> None:
+    """A region reference (or one to an object the output drops) is not re-pointed: refused, never published."""
+    src = make_input("rollout", tmp_path / "in.h5")
+    with h5py.File(src, "a") as handle:
+        handle.create_dataset("regions", (1,), dtype=h5py.regionref_dtype)[0] = handle["rewards"].regionref[0:2]
+    before = digest(src)
+    code, out, err = cli("split", src, "-o", tmp_path / "out.h5")
+    assert err == (
+        f"error: {src}: field 'regions': expected object references to objects the output keeps, found a reference "
+        "to an object the output does not hold, or a region reference. Nothing was written; point the references "
+        "at datasets the output keeps, or remove them.\n"
+    )
+    _assert_refused(tmp_path, "split", src, before, code, out, err, "regions", "a region reference")
+
+
+# ------------------------------------------------------------------------------------------ no inputs
+
+FILE_ARGUMENT_READERS = [name for name, command in COMMANDS.items() if command.source != "d4rl"]  # import: a source
+
+
+@pytest.mark.parametrize("kind", ["empty folder", "glob matching nothing"])
+@pytest.mark.parametrize("name", FILE_ARGUMENT_READERS)
+def test_arguments_naming_no_input_are_a_usage_error(tmp_path: Path, cli, monkeypatch, name: str, kind: str) -> None:
+    """Issue 40.9: an empty input folder was exit 1 and a glob matching nothing exit 2; both name no input: exit 2,
+    one line, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "notes.txt").write_text("not a rollout")
+    arg = "runs" if kind == "empty folder" else "runs/*.h5"
+    command = COMMANDS[name]
+    code, out, err = cli(*command.argv(arg, "out"))
+    expected = {
+        "empty folder": "error: runs: expected rollout files (*.h5, *.hdf5) in the directory, found none. Check the "
+        "path.",
+        "glob matching nothing": "error: runs/*.h5: expected files matching the pattern, found none. Check the "
+        "pattern.",
+    }[kind]
+    assert (code, out, err) == (2, "", expected + "\n")
+    assert sorted(os.listdir(tmp_path)) == ["runs"] and os.listdir(tmp_path / "runs") == ["notes.txt"]
+
+
 # ------------------------------------------------------------------------------------------ property
 
 

@@ -191,3 +191,28 @@ def test_output_usage_errors(tmp_path, cli, extra):
         else "returns: expected an output path (-o OUT.h5) or --in-place, found neither."
     )
     assert expected in err
+
+
+def test_a_return_past_float32_is_kept_and_named_in_a_warning(tmp_path, cli):
+    """Issue 40.9: discounted sums past float32's range were written as inf without a word. Chosen: warn (the
+    rewards are valid; inf is what float32 arithmetic gives, kept, never clipped), naming the first env and step,
+    whatever the blocks."""
+    arrays = rollout_arrays(T=20, N=3, seed=1, end_rate=0.0)
+    arrays["rewards"][:] = 1.0
+    arrays["rewards"][10:15, 2] = 3e38  # env 2 (in the second block of 1K): each finite, their sum is not
+    source = write_rollout(tmp_path / "in.h5", arrays)
+    warning = (
+        f"warning: {source}: returns_to_go overflows float32 on 14 step(s), first in env 2 at step 0; stored as inf. "
+        "Scale the rewards down or lower --gamma.\n"
+    )
+    for budget in ("1G", "1K"):
+        code, out, err = cli("returns", source, "-o", tmp_path / f"{budget}.h5", "--max-memory", budget, "--json")
+        assert (code, err) == (0, warning)
+        assert json.loads(out)["overflowed_steps"] == 14 and json.loads(out)["blocks"] == (1 if budget == "1G" else 2)
+        with h5py.File(tmp_path / f"{budget}.h5") as f:
+            returns = f["returns_to_go"][()]
+        assert np.array_equal(np.argwhere(np.isinf(returns)), [[t, 2] for t in range(14)])
+        with np.errstate(over="ignore"):
+            expected = naive(arrays["rewards"], arrays["dones"], None, 0.99)[0]
+        assert np.array_equal(returns, expected)
+    assert cli("returns", source, "-o", tmp_path / "q.h5", "-q") == (0, "", "")  # --quiet: no warning

@@ -63,12 +63,19 @@ def count_option(*names: str, text: str, low: int = 1, high: int = MAX_COUNT, **
     return typer.Option(*names, min=low, callback=at_most, help=text, **more)
 
 
-def _not_stdout(value: Path | None) -> Path | None:
-    if value is not None and str(value) == "-":
-        raise RolloutError(
-            "-o: expected a path, found '-' (outputs are HDF5 files or folders, never stdout).", exit_code=EXIT_USAGE
-        )
-    return value
+def not_stdout(option: str, what: str) -> Callable[[Path | None], Path | None]:
+    """A callback refusing ``-`` for the output path ``option`` (exit 2): ``what`` the output is instead; stdout
+    carries the summary, and binary data there would mix with it (a file named ``-`` would surprise)."""
+
+    def check(value: Path | None) -> Path | None:
+        if value is not None and str(value) == "-":
+            raise RolloutError(f"{option}: expected a path, found '-' ({what}, never stdout).", exit_code=EXIT_USAGE)
+        return value
+
+    return check
+
+
+_not_stdout = not_stdout("-o", "outputs are HDF5 files or folders")
 
 
 FileOutputOpt = Annotated[

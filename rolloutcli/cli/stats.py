@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rolloutcli.cli.common import Common, with_common
+from rolloutcli.cli.common import Common, not_stdout, with_common
 from rolloutcli.cli.dataset import FilesArg, resolve_inputs
 from rolloutcli.cli.render import _num
 
@@ -22,7 +22,12 @@ def stats(
     files: FilesArg,
     normalizer: Annotated[
         Path,
-        typer.Option("--normalizer", metavar="OUT.pt", help="Write RSL-RL's EmpiricalNormalization state dict here."),
+        typer.Option(
+            "--normalizer",
+            metavar="OUT.pt",
+            callback=not_stdout("--normalizer", "the normalizer is a torch.save file"),
+            help="Write RSL-RL's EmpiricalNormalization state dict here.",
+        ),
     ],
     group: Annotated[
         str | None, typer.Option("--group", help="Observation group (default: policy, or the only one).")

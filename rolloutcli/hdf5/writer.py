@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -101,6 +102,9 @@ class RolloutOutput:
             )
         )
         self._early = _EarlySync(tmp) if early_sync else None
+        # Copied datasets holding object references, (source name, output name): libhdf5's copy across files
+        # nulls their references, so :meth:`copy_attrs` writes them again, re-pointed into the output.
+        self._references: list[tuple[str, str]] = []
 
     def __enter__(self) -> RolloutOutput:
         return self
@@ -197,12 +201,16 @@ class RolloutOutput:
                 source.handle.copy(source.handle[name], group, name=leaf)
             except (*HDF5_ERRORS, MemoryError) as exc:
                 raise translate_write_error(self.dst, exc, source.path) from exc
+            if name in source.datasets and _holds_references(source.datasets[name].dtype):
+                self._references.append((name, target))
 
     def copy_attrs(self, rename: Callable[[str], str | None] = str) -> list[str]:
         """Copy the attributes of every source object (root, groups, datasets, named datatypes) onto the output
         object at ``rename(path)`` when there is one. Object references are re-pointed at the output's object
         of the renamed path; an attribute holding a reference with no such object (or a region reference) is
-        not copied. Returns those attributes, as ``path@name``."""
+        not copied. Returns those attributes, as ``path@name``. Copied datasets of references are re-pointed the
+        same way first (:meth:`_repoint_datasets`)."""
+        self._repoint_datasets(rename)
         source, dropped = self._source(), []
         names = [""]
         source.guard(lambda: source.handle.visit(names.append))
@@ -223,6 +231,53 @@ class RolloutOutput:
                 self._do(lambda out=out, key=key, value=value, dtype=dtype: out.attrs.create(key, value, dtype=dtype))
         return dropped
 
+    def _repoint_datasets(self, rename: Callable[[str], str | None]) -> None:
+        """Write each copied dataset of references again, every reference re-pointed at the output's object of
+        the renamed path, in blocks of rows; one that cannot be (no such object, a region reference) is refused:
+        a dangling or nulled reference would lose what the input said."""
+        source = self._source()
+        for name, target in self._references:
+            stored, out = source.handle[name], self.file[target]
+            for index in _row_blocks(stored, source.guard(stored.id.get_storage_size, name)):
+                data = source.guard(lambda stored=stored, index=index: stored[index], name)
+                value = _repoint(data, source.handle, self.file, rename)
+                if value is _DANGLING:
+                    raise RolloutError.field(
+                        source.path,
+                        name,
+                        "object references to objects the output keeps",
+                        "a reference to an object the output does not hold, or a region reference",
+                        "Nothing was written; point the references at datasets the output keeps, or remove them.",
+                    )
+                self._do(lambda out=out, index=index, value=value: out.__setitem__(index, value))
+
+
+REPOINT_ITEMS = 1 << 16  # references re-pointed per block (each is a Python object and an HDF5 lookup)
+
+
+def _row_blocks(dataset: h5py.Dataset, stored_bytes: int) -> list[tuple[slice, ...]]:
+    """Indexes of ``dataset`` in blocks of rows of about ``REPOINT_ITEMS`` values (``()``: a scalar); none when
+    nothing was ever written (every value is the fill value: a null reference)."""
+    if not dataset.shape:
+        return [()]
+    if stored_bytes == 0:
+        return []
+    step = max(1, REPOINT_ITEMS // max(math.prod(dataset.shape[1:]), 1))
+    return [(slice(start, start + step),) for start in range(0, dataset.shape[0], step)]
+
+
+def _holds_references(dtype: np.dtype) -> bool:
+    """Whether values of ``dtype`` hold HDF5 object or region references (compound members and variable-length
+    sequences included)."""
+    if dtype.names:
+        return any(_holds_references(dtype.fields[name][0]) for name in dtype.names)
+    if dtype.subdtype is not None:
+        return _holds_references(dtype.subdtype[0])
+    if h5py.check_dtype(ref=dtype) is not None:
+        return True
+    inner = h5py.check_dtype(vlen=dtype)
+    return isinstance(inner, np.dtype) and _holds_references(inner)
+
 
 _DANGLING = object()
 
@@ -235,7 +290,10 @@ def _repoint(value: Any, source: h5py.File, out: h5py.File, rename: Callable[[st
     if isinstance(value, h5py.Reference):
         if not value:
             return value
-        target = rename(source[value].name.lstrip("/"))
+        try:
+            target = rename(source[value].name.lstrip("/"))
+        except HDF5_ERRORS:  # the input's own reference points nowhere (its object deleted): no target to keep
+            return _DANGLING
         return out[target].ref if target is not None and (target == "" or target in out) else _DANGLING
     if isinstance(value, np.ndarray) and value.dtype.names:
         copy = value.copy()

@@ -41,7 +41,7 @@ def run_returns(
     return run_derive(
         src,
         dst,
-        lambda reader: _Returns(reader, gamma).derived(),
+        lambda reader: _Returns(reader, gamma, progress).derived(),
         run,
         name="returns",
         overwrite=overwrite,
@@ -71,10 +71,11 @@ def _rewards_field(reader: RolloutReader) -> str:
 class _Returns:
     """Returns-to-go as a derive job: one pass over env blocks."""
 
-    def __init__(self, reader: RolloutReader, gamma: float) -> None:
-        self.reader, self.gamma, self.rewards = reader, gamma, _rewards_field(reader)
+    def __init__(self, reader: RolloutReader, gamma: float, progress: Progress) -> None:
+        self.reader, self.gamma, self.rewards, self.progress = reader, gamma, _rewards_field(reader), progress
         self.flags = [n for n in ("dones", "time_outs") if n in reader.schema.fields]
         self.moments, self.episodes, self.truncated = ExactMoments(), 0, 0
+        self.overflows, self.first_overflow = 0, (0, 0)  # steps whose return left float32; the first (env, step)
 
     def derived(self) -> Derived:
         # share 3: inputs as stored + float32 copies + the two outputs per env in flight
@@ -94,13 +95,28 @@ class _Returns:
         returns, truncated = returns_to_go(rewards, dones, time_outs, self.gamma)
         out.write(RETURNS, start, stop, returns)
         out.write(TRUNCATED, start, stop, truncated)
+        self._count_overflows(returns, start)
         self.moments = self.moments.merge(ExactMoments.of(returns))
         open_at_end = dones[-1] == 0
         self.episodes += int(np.count_nonzero(dones)) + int(np.count_nonzero(open_at_end))
         cut = 0 if time_outs is None else np.count_nonzero((time_outs != 0) & (dones != 0))
         self.truncated += int(cut) + int(np.count_nonzero(open_at_end))
 
+    def _count_overflows(self, returns: np.ndarray, start: int) -> None:
+        """The rewards are finite (checked on open): a non-finite return is a discounted sum past float32's
+        largest value, stored as the arithmetic gives it (inf): kept, never clipped, and reported."""
+        envs, steps = np.nonzero(~np.isfinite(returns.T))  # env-major: the first is the lowest env, earliest step
+        if envs.size and not self.overflows:
+            self.first_overflow = (start + int(envs[0]), int(steps[0]))
+        self.overflows += int(envs.size)
+
     def finish(self, out: OpenCopy, blocks: list[tuple[int, int]]) -> dict[str, Any]:
+        if self.overflows:
+            env, step = self.first_overflow
+            self.progress.warn(
+                f"{self.reader.path}: returns_to_go overflows float32 on {self.overflows} step(s), first in env "
+                f"{env} at step {step}; stored as inf. Scale the rewards down or lower --gamma."
+            )
         out.set_attrs({"returns_gamma": self.gamma, "returns_kind": "monte-carlo"})
         out.set_attrs({"meaning": "discounted Monte-Carlo return-to-go of the step's episode"}, RETURNS)
         out.set_attrs(
@@ -111,5 +127,6 @@ class _Returns:
             "rewards_from": self.rewards,
             "episodes": self.episodes,
             "truncated_episodes": self.truncated,
+            "overflowed_steps": self.overflows,
             "returns": self.moments.as_dict(),
         }

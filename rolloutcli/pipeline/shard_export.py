@@ -271,13 +271,30 @@ def _run_parallel(job: ExportJob, sources: list[Source], tmp: Path, run: RunOpti
     return run_parallel(spec, tmp, sources, engine)
 
 
+def _check_shards_fit(job: ExportJob, budget: int) -> None:
+    """Refuse, before any block is read, an export whose largest shard does not fit in ``budget``.
+
+    A shard is gathered whole in memory (its buffers, then its file image), so its size, not the block's, is
+    what a declared-huge source with few mini-batches costs (a 50 KB file declaring 2.3 GB took 2 GB); the
+    blocks (an eighth of the budget) and the pending pieces (a quarter at most) are bounded by it already.
+    """
+    largest = max((max(p.sizes, default=0) for p in job.plan.passes), default=0) * sum(f.row_bytes for f in job.fields)
+    if largest > budget:
+        raise usage(
+            f"--max-memory: {job.label} builds each shard in memory (the largest holds {largest} bytes); expected "
+            f"a budget of at least {_size(largest)}, found {budget} bytes. Raise --max-memory or export more, "
+            "smaller mini-batches."
+        )
+
+
 def _sources(srcs: list[Path], job: ExportJob, budget: int, opened: Opener) -> list[Source]:
-    """Each file's blocks and offsets, the files opened one at a time."""
+    """Each file's blocks and offsets, the files opened one at a time; then the shards' check (no block read yet)."""
     out, rows, envs = [], 0, 0
     for path in srcs:
         with opened(path) as reader:
             out.append(Source(path, reader.T, reader.N, plan_blocks(reader, job, budget), rows, envs))
             rows, envs = rows + reader.T * reader.N, envs + reader.N
+    _check_shards_fit(job, budget)
     return out
 
 

@@ -11,7 +11,8 @@ Split output layout (``rolloutcli_format = "trajectories"``):
 | ``rollout/hidden_states/<actor|critic>/<i>`` | ``[T, layers, N, H]`` | recorded states, verbatim (for unpad) |
 | any other dataset (``last_values``, extras) | as stored | copied verbatim |
 
-Every attribute is kept (object references re-pointed into the output) and ``--unpad`` restores all of it.
+Every attribute and dataset of object references is kept (re-pointed into the output) and ``--unpad`` restores all
+of it; a per-step field of references or variable-length data is refused (its bytes point elsewhere in the file).
 Fields are moved as raw bytes (rows viewed as ``uint8``), so every dtype round-trips bit for bit.
 """
 
@@ -120,6 +121,9 @@ def run_split(
         schema = reader.schema
         T, N = schema.T, schema.N
         fields = schema.step_names()  # the per-step fields and the extras laid out [T, N, ...]
+        problems = _unpaddable(src, {name: schema.fields[name].dtype for name in fields})
+        if problems:
+            raise RolloutError.many(src, problems)
         counts, lengths = _count_trajectories(reader, options.max_length)
         M = int(counts.sum())
         # L: RSL-RL pads to T; segments of at most K steps never need more than K rows.
@@ -157,6 +161,14 @@ def run_split(
         "blocks": len(blocks),
         "seconds": time.perf_counter() - started,
     }
+
+
+def _unpaddable(path: Path, dtypes: dict[str, np.dtype]) -> list[str]:
+    """Fields split cannot move as raw bytes: object references and variable-length data (what their bytes
+    point to is elsewhere in the file: moved, they would dangle)."""
+    found = "HDF5 object references or variable-length data"
+    fix = "Store the field as fixed-size values or outside the [T, N, ...] layout."
+    return [problem_line(path, name, "fixed-size values", found, fix) for name, t in dtypes.items() if t.hasobject]
 
 
 def _count_trajectories(reader: RolloutReader, max_length: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -288,6 +300,7 @@ def _split_layout(source: H5Input) -> dict[str, Any]:
     for name in (*SPAN_NAMES, "masks", *fields):
         if name not in datasets:
             problems.append(problem_line(path, name, "a dataset written by split", "nothing"))
+    problems += _unpaddable(path, {name: datasets[name].dtype for name in fields if name in datasets})
     if problems:
         raise RolloutError.many(path, problems)
     T, N = int(sizes["source_T"] or 0), int(sizes["source_N"] or 0)

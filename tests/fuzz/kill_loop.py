@@ -33,7 +33,8 @@ sys.path.insert(0, str(TESTS))
 from rollout_factory import rollout_arrays, write_rollout  # noqa: E402
 from test_engine_stops import _descendants, _still_running  # noqa: E402
 
-ARGS = {"gae": [], "batch": ["-m", "4", "--epochs", "2", "--max-memory", "64K"]}
+# batch: 16 shards of ~35 KB, each within the 64K budget (a shard larger than it is refused), many blocks per file
+ARGS = {"gae": [], "batch": ["-m", "16", "--epochs", "2", "--max-memory", "64K"]}
 STORE = 80 * 2**20
 
 
