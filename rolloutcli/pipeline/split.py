@@ -42,6 +42,7 @@ from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import H5Input, RolloutReader
 from rolloutcli.hdf5.schema import FORMAT_NAME
 from rolloutcli.hdf5.writer import RolloutOutput
+from rolloutcli.pipeline.import_limits import check_free_space
 from rolloutcli.pipeline.inspect import BLOWUP_WARNING
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
@@ -136,6 +137,8 @@ def run_split(
                 f"{src}: padding multiplies the per-step data {blowup:.1f}x ({M} trajectories padded to "
                 f"{L} steps); use --pad-to longest or --max-length K to bound it."
             )
+        # Padding can make the output far larger than the input: refused before any of it is written.
+        check_free_space(dst, padded_bytes + _unpadded_bytes(schema, fields, M))
         blocks = _plan_blocks(counts, T, L, per_row, per_row + 1, max(run.max_memory // 2, 1))
         with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp, RolloutOutput(tmp, dst, reader) as out:
             _write_split(reader, out, fields, row_bytes, counts, L, options, run, blocks, progress)
@@ -157,6 +160,15 @@ def run_split(
         "blocks": len(blocks),
         "seconds": time.perf_counter() - started,
     }
+
+
+def _unpadded_bytes(schema: Any, fields: list[str], M: int) -> int:
+    """The split output's bytes besides the padded fields: the spans, the datasets copied verbatim (recorded
+    hidden states included) and each trajectory's first hidden state."""
+    hidden = [path for paths in schema.hidden.values() for path in paths]
+    starts = sum(schema.fields[p].nbytes // max(schema.T * schema.N, 1) * M for p in hidden)
+    copied = sum(spec.nbytes for name, spec in schema.fields.items() if name not in fields)
+    return len(SPAN_NAMES) * 8 * M + copied + starts
 
 
 def _count_trajectories(reader: RolloutReader, max_length: int | None) -> tuple[np.ndarray, np.ndarray]:
