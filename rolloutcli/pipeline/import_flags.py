@@ -38,10 +38,11 @@ class FlatFlags:
         return {"dones": ((self.T, self.N), FLAG_DTYPE), "time_outs": ((self.T, self.N), FLAG_DTYPE)}
 
     def row_bytes(self, listing: dict[str, Any]) -> int:
-        """Bytes one row costs: the flag rows read (twice: read, then compared) and the rows computed."""
+        """Bytes one row costs: the flag rows read, the comparisons and combinations of their first numbers (a
+        byte each, a few alive at once) and the two rows computed; measured about 8 bytes a row for bool flags."""
         names = [n for n in (self.terminal, self.truncation) if n is not None]
         read = sum(math.prod(listing[n].shape[1:]) * listing[n].dtype.itemsize for n in names)
-        return 2 * read + 4 * self.N
+        return 2 * read + 12 * self.N
 
     def _flag(self, read: Read, name: str, start: int, stop: int) -> np.ndarray:
         """The flag's first number of each row (and env), as "the episode ended here"."""

@@ -277,15 +277,8 @@ def _write_computed(plan: Plan, source: Any, out: RolloutOutput, budget: int) ->
                 out.write(name, (slice(start, stop),), rows)
 
 
-def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: Progress) -> None:
-    """Create the datasets, copy the rows in blocks within ``budget`` bytes, add the computed outputs."""
-    jobs = []  # (copy, first row, rows): no block holds more than ``budget`` bytes (at least one row)
-    for copy in plan.copies:
-        step = max(1, budget // max(_row_bytes(source, copy.src), 1))
-        jobs += [(copy, first, min(step, copy.count - first)) for first in range(0, copy.count, step)]
-    progress.start("import", len(jobs) + 1)
-    for name, (shape, dtype) in plan.datasets.items():
-        out.create(name, shape, dtype)
+def _copy_rows(jobs: list[tuple[Copy, int, int]], source: Any, out: RolloutOutput, progress: Progress) -> None:
+    """The row copies, each block read into one buffer (freed on return: the computed outputs come next)."""
     largest = max((rows * _row_bytes(source, copy.src) for copy, _, rows in jobs), default=0)
     buffer = np.empty(largest, np.uint8)
     for copy, first, rows in jobs:
@@ -297,6 +290,18 @@ def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: P
             out.write(copy.out, (target,), block[:, None] if copy.lane else block)
         out.sync_early()  # the disk writes this block while the next is read
         progress.advance()
+
+
+def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: Progress) -> None:
+    """Create the datasets, copy the rows in blocks within ``budget`` bytes, add the computed outputs."""
+    jobs = []  # (copy, first row, rows): no block holds more than ``budget`` bytes (at least one row)
+    for copy in plan.copies:
+        step = max(1, budget // max(_row_bytes(source, copy.src), 1))
+        jobs += [(copy, first, min(step, copy.count - first)) for first in range(0, copy.count, step)]
+    progress.start("import", len(jobs) + 1)
+    for name, (shape, dtype) in plan.datasets.items():
+        out.create(name, shape, dtype)
+    _copy_rows(jobs, source, out, progress)
     _write_computed(plan, source, out, budget)
     if isinstance(source, H5Input):
         out.copy(plan.verbatim, lambda name: plan.verbatim[name])
