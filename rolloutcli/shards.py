@@ -102,6 +102,10 @@ class ShardDataset(Dataset):
             history shards (recurrent and distillation shards keep their time order); from ``seed`` and the epoch.
         rank, world_size: this process's share of each pass's shards (data-parallel training).
         prefetch: read the next shard in a background thread while the current one is used.
+        read_bytes: the most reading one shard may take (default 1 GiB): its datasets' bytes, plus a compressed
+            chunk decoded beside them; a shard over it is refused (``RolloutError``, naming its largest dataset)
+            before any of its data is read. At most two shards are held (the current one and, with ``prefetch``,
+            the next), plus one dataset's copy while ``shuffle`` reorders a shard's rows.
     """
 
     def __init__(
@@ -118,6 +122,7 @@ class ShardDataset(Dataset):
         rank: int = 0,
         world_size: int = 1,
         prefetch: bool = True,
+        read_bytes: int = 1 << 30,
     ) -> None:
         super().__init__()
         if not 0 <= rank < world_size:
@@ -135,7 +140,7 @@ class ShardDataset(Dataset):
         self.verify_checksums = verify_checksums
         self.tensordict = self.mode != "history" if tensordict is None else tensordict
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
-        self.prefetch = prefetch
+        self.prefetch, self.read_bytes = prefetch, read_bytes
         self.set_epoch(0)
 
     # ----------------------------------------------------------------------------------------- the pass's items
@@ -216,7 +221,8 @@ class ShardDataset(Dataset):
         if self.shuffle and self.mode in ROW_SHUFFLED:
             rows = next(iter(tensors.values())).shape[0]
             order = epoch_order(rows, self.seed, self.epoch, stream=self.positions[shard] + 1).to(self.device)
-            tensors = {name: value[order] for name, value in tensors.items()}
+            for name in list(tensors):  # one dataset at a time: each original is freed once reordered
+                tensors[name] = tensors[name][order]
         return tensors, attrs
 
     def load(self, entry: dict[str, Any]) -> Loaded:
@@ -224,7 +230,7 @@ class ShardDataset(Dataset):
         path = self.folder / entry["file"]
         if self.verify_checksums:
             verify_shard(self.folder, entry)
-        arrays, attrs = read_shard(path)  # audited like any input, with the default limits
+        arrays, attrs = read_shard(path, max_bytes=self.read_bytes)  # audited like any input, then bounded
         mode = _text(attrs[""].get("mode", ""))
         if mode != self.mode:
             raise RolloutError.field(path, "mode", repr(self.mode), repr(mode), "The shard is not from this run.")

@@ -13,9 +13,10 @@ from rolloutcli.dataset import resolve
 from rolloutcli.errors import RolloutError
 from rolloutcli.pipeline.dataset_job import partial_folder, run_dataset
 from rolloutcli.pipeline.dataset_journal import JOURNAL
-from rolloutcli.pipeline.engine import EngineOptions, import_ray
+from rolloutcli.pipeline.engine import EngineOptions
 from rolloutcli.pipeline.gae import GaeOptions, run_gae
 from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.ray_connect import import_ray
 
 OPTIONS, RUN = GaeOptions(), RunOptions()
 
@@ -380,3 +381,22 @@ def _in_server() -> bool:
     from rolloutcli.pipeline import preload
 
     return preload.IN_SERVER
+
+
+@pytest.mark.parametrize("address", [["--address", "auto"], []])
+def test_ray_address_of_no_cluster_is_our_line_alone(runs: Path, tmp_path: Path, address: list[str]) -> None:
+    """RAY_ADDRESS naming a dead cluster: Ray retried it for minutes, writing its own log lines on stderr (with
+    --address auto, or none: Ray takes RAY_ADDRESS over both). Now one line, exit 3, within the probe's time."""
+    import subprocess
+
+    from promises import child_env
+
+    dst = tmp_path / "x"
+    argv = [sys.executable, "-m", "rolloutcli", "gae", str(runs), "-o", str(dst), "--engine", "ray", *address]
+    done = subprocess.run(argv, capture_output=True, text=True, env=child_env(RAY_ADDRESS="127.0.0.1:1"), timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == (
+        "error: RAY_ADDRESS=127.0.0.1:1: cannot reach the Ray cluster (Connection refused). Check --address (auto, "
+        "host:6379, ray://host:10001) and that the cluster runs.\n"
+    )
+    assert not dst.exists() and not partial_folder(dst).exists()

@@ -241,24 +241,70 @@ def test_d4rl_next_observations_that_agree_are_not_carried_twice(tmp_path: Path,
         assert "source" not in f
 
 
-def _declared_huge(path: Path, T: int) -> Path:
+def _declared_huge(path: Path, T: int, flag_dtype: type = bool) -> Path:
     """A D4RL file of a few KB declaring ``T`` unallocated steps."""
     with h5py.File(path, "w") as f:
         fields = [("observations", (3,), np.float32), ("actions", (2,), np.float32), ("rewards", (), np.float32)]
-        for name, row, dtype in [*fields, ("terminals", (), bool), ("timeouts", (), bool)]:
+        for name, row, dtype in [*fields, ("terminals", (), flag_dtype), ("timeouts", (), flag_dtype)]:
             f.create_dataset(name, (T, *row), dtype, chunks=(4096, *row))
     return path
 
 
-def test_declared_huge_flags_are_refused_within_the_budget(tmp_path: Path, cli) -> None:
+# The disk as a child sees it: 1 GiB free (a 2**29-step output needs far more; the runner's disk may hold it).
+SMALL_DISK = "import shutil; shutil.disk_usage = lambda _: shutil._ntuple_diskusage(1 << 40, 0, 1 << 30); "
+
+
+def test_declared_huge_flags_are_not_read_whole(tmp_path: Path) -> None:
+    """The flags were read whole (3.2 GB for 2**29 steps), then refused with exit 2 under --max-memory 64M:
+    now the disk check refuses the 13G output before any row is read, in little memory."""
     src = _declared_huge(tmp_path / "huge.h5", 2**29)
     out = tmp_path / "out.h5"
-    code, _, err = cli("import", src, "-o", out, "--max-memory", "64M")
-    assert code == 2 and not out.exists(), err
+    argv = ["import", str(src), "-o", str(out), "--max-memory", "64M", "-q"]
+    peak, code, err = _peak_anonymous_kb(argv, prelude=SMALL_DISK)
+    assert code == 3 and not out.exists(), err
     assert err.strip() == (
-        f"error: {src}: the episode-end flags of its d4rl layout need 5120M of memory, more than --max-memory 64M; "
-        "pass --max-memory 5120M or more."
+        f"error: {out}: the output needs 13312M of disk (uncompressed), 1024M is free on the file system holding "
+        f"{tmp_path.resolve()}; free some space or write the output elsewhere."
     )
+    assert peak < 200 * 1024, peak
+    print(f"peak RssAnon {peak} KiB")
+
+
+def test_declared_huge_flags_are_streamed_within_the_budget(tmp_path: Path) -> None:
+    """Flags of 2**21 steps under --max-memory 1M were refused (exit 2: the plan held them whole); now they are
+    read a block at a time like every other field: the episode ends where they say, in the budget's memory."""
+    T = 2**21
+    src = _declared_huge(tmp_path / "long.h5", T, flag_dtype=np.float32)
+    ends = {12345: "terminals", 700_000: "timeouts", 1_500_000: "terminals", T - 1: "timeouts"}
+    with h5py.File(src, "a") as f:
+        for step, name in ends.items():
+            f[name][step] = 1
+        f["timeouts"][12345] = 1  # terminal and timed out: terminated
+    small = _declared_huge(tmp_path / "small.h5", 4096)
+
+    def peak_of(source: Path, out: Path) -> int:
+        peak, code, err = _peak_anonymous_kb(["import", str(source), "-o", str(out), "--max-memory", "1M", "-q"])
+        assert code == 0, err
+        return peak
+
+    base, peak = peak_of(small, tmp_path / "small-out.h5"), peak_of(src, tmp_path / "out.h5")
+    assert peak - base < 48 * 1024, (peak, base)
+    with h5py.File(tmp_path / "out.h5") as f:
+        dones, time_outs = f["dones"][:, 0], f["time_outs"][:, 0]
+    assert np.flatnonzero(dones).tolist() == sorted(ends)
+    assert np.flatnonzero(time_outs).tolist() == [700_000, T - 1]
+
+
+def test_ikostrikov_flags_are_streamed_within_the_budget(tmp_path: Path, cli) -> None:
+    """masks/bad_masks were read whole (exit 2 under a budget smaller than them): now a block at a time."""
+    arrays = make_ikostrikov(20_000, 3)
+    src = write_arrays(tmp_path / "storage.h5", arrays)
+    code, out, err = cli("import", src, "-o", tmp_path / "out.h5", "--max-memory", "64K", "--json")
+    assert code == 0, err
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert np.array_equal(f["dones"][:], (arrays["masks"][1:, :, 0] == 0).astype(np.uint8))
+        assert np.array_equal(f["time_outs"][:], (arrays["bad_masks"][1:, :, 0] == 0).astype(np.uint8))
+    assert json.loads(out)["episodes"] == int((arrays["masks"][1:] == 0).sum())
 
 
 def test_declared_huge_output_is_refused_when_the_disk_cannot_hold_it(tmp_path: Path, cli, monkeypatch) -> None:
@@ -343,7 +389,7 @@ def test_robomimic_plan_cost_is_per_dataset_not_per_demo_and_dataset() -> None:
             listing[f"data/demo_{k}/{key}"] = DatasetInfo((2, 3), np.dtype(np.float32))
     started = time.perf_counter()
     check_episode_fields("x.h5", "robomimic", listing)
-    plan = plan_import("x.h5", "robomimic", listing, lambda name: np.zeros((2, 3), np.float32))
+    plan = plan_import("x.h5", "robomimic", listing, lambda name, rows: np.zeros((2, 3), np.float32)[rows])
     assert time.perf_counter() - started < 5 and plan.episodes == 5000 and plan.T == 10_000
 
 
@@ -358,29 +404,37 @@ def test_torch_source_whose_zip64_locator_spans_disks(tmp_path: Path, cli) -> No
     )
 
 
-def _peak_anonymous_kb(argv: list[str]) -> int:
-    """The largest RssAnon (private memory; the memory-mapped source's pages are file pages) seen while it ran."""
+def _peak_anonymous_kb(argv: list[str], prelude: str = "") -> tuple[int, int, str]:
+    """The largest RssAnon (private memory; the memory-mapped source's pages are file pages) seen while
+    ``rolloutcli argv`` ran (after ``prelude``, Python run first in the child), its exit code and stderr."""
     import subprocess
     import sys
     import time
 
-    process = subprocess.Popen([sys.executable, "-m", "rolloutcli", *argv])
+    run = "runpy.run_module('rolloutcli', run_name='__main__')"
+    code = f"{prelude}import runpy, sys; sys.argv = ['rolloutcli', *{argv!r}]; {run}"
+    process = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
     peak = 0
     while process.poll() is None:
         with contextlib.suppress(OSError, ValueError, IndexError):  # IndexError: a zombie has no RssAnon
             status = Path(f"/proc/{process.pid}/status").read_text()
             peak = max(peak, int(status.split("RssAnon:")[1].split()[0]))
         time.sleep(0.005)
-    assert process.returncode == 0
-    return peak
+    return peak, process.returncode, process.stderr.read().decode()
 
 
 def test_torch_source_carried_tensor_is_read_in_blocks(tmp_path: Path) -> None:
     """A carried tensor (returns) was converted whole: 128 MB of private memory under --max-memory 1M."""
     small = _torch(tmp_path, returns=torch.zeros(10, 2, 1)).rename(tmp_path / "small.pt")
-    baseline = _peak_anonymous_kb(["import", str(small), "-o", str(tmp_path / "small.h5"), "--max-memory", "1M", "-q"])
+    baseline, code, err = _peak_anonymous_kb(
+        ["import", str(small), "-o", str(tmp_path / "small.h5"), "--max-memory", "1M", "-q"]
+    )
+    assert code == 0, err
     big = _torch(tmp_path, returns=torch.ones(2**24, 2, 1))
-    peak = _peak_anonymous_kb(["import", str(big), "-o", str(tmp_path / "out.h5"), "--max-memory", "1M", "-q"])
+    peak, code, err = _peak_anonymous_kb(
+        ["import", str(big), "-o", str(tmp_path / "out.h5"), "--max-memory", "1M", "-q"]
+    )
+    assert code == 0, err
     assert peak - baseline < 48 * 1024, (peak, baseline)
     with h5py.File(tmp_path / "out.h5") as f:
         assert f["source/returns"].shape == (2**24, 2, 1) and f["source/returns"][-1, 1, 0] == 1

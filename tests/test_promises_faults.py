@@ -222,6 +222,29 @@ def test_no_crash_at_exit_on_disk_full_without_hook(tmp_path: Path) -> None:
     assert temporaries(tmp_path) == [] and not (tmp_path / "out.h5").exists()
 
 
+# The commands whose output can be far larger than their input (import of declared or compressed data, split's
+# padding): the output's uncompressed size is checked against the free space before any of it is written.
+OUTGROWING = ["import", "split"]
+
+
+@pytest.mark.parametrize("name", OUTGROWING)
+def test_output_the_disk_cannot_hold_is_refused_before_writing(tmp_path: Path, cli, monkeypatch, name: str) -> None:
+    import shutil
+
+    src = make_input(COMMANDS[name].source, tmp_path / "in.h5")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1 << 40, 1 << 40, 1024))
+    dst = tmp_path / "out.h5"
+    code, _, err = cli(*COMMANDS[name].argv(src, dst))
+    assert code == 3, err
+    lines = error_lines(err)
+    assert len(lines) == 1 and lines[0].startswith(f"error: {dst}: the output needs "), err
+    assert lines[0].endswith(
+        f"of disk (uncompressed), 1K is free on the file system holding {tmp_path.resolve()}; free some space or "
+        "write the output elsewhere."
+    )
+    assert not dst.exists() and temporaries(tmp_path) == []
+
+
 # ----------------------------------------------------------------------------------------------- output paths
 
 NOT_IN_PLACE = [name for name in WRITERS if not COMMANDS[name].in_place]

@@ -184,3 +184,48 @@ def _group_alive(group: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_stopped_writing_process_does_not_hold_the_exit_forever(tmp_path: Path) -> None:
+    """The writing process SIGSTOPped: the training process's exit (atexit) waited for it forever. Now it waits
+    while the process stays stopped for EXIT_STOPPED_WAIT_S (shortened here), then says so, naming what is not
+    published, and exits."""
+    script = (
+        "import os, signal, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from pathlib import Path\n"
+        "from test_record_worker import _job\n"
+        "from rolloutcli.record import waiting, worker\n"
+        "waiting.EXIT_STOPPED_WAIT_S = 0.5\n"
+        "worker.publish(_job(Path(sys.argv[2]) / 'a.h5')).result(timeout=60)\n"
+        "child = worker._publisher().child.process.pid\n"
+        "print(child, flush=True)\n"
+        "os.kill(child, signal.SIGSTOP)\n"
+        "worker.publish(_job(Path(sys.argv[2]) / 'b.h5'))\n"
+    )
+    log = tmp_path / "stderr.txt"  # a file: the stopped process holds the stream open (a pipe would never end)
+    with open(log, "w") as stderr:
+        run = subprocess.Popen(
+            [sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    child = int(run.stdout.readline())
+    try:
+        run.wait(timeout=120)
+    finally:
+        run.kill()
+        run.stdout.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)  # the writing process this test stopped
+    err = log.read_text()
+    lines = [line for line in err.splitlines() if "rolloutcli:" in line]
+    assert run.returncode == 0 and len(lines) == 1, err
+    said = lines[0].split("RuntimeWarning: ")[1]
+    waited = said.split("after ")[1].split(" s")[0]
+    assert said == (
+        f"rolloutcli: not waiting any longer at exit for the recording process (pid {child}): after {waited} s it "
+        f"is stopped (SIGSTOP or a debugger): resume it with `kill -CONT {child}`; not published: {tmp_path / 'b.h5'}."
+    )
+    assert (tmp_path / "a.h5").is_file() and not (tmp_path / "b.h5").exists()

@@ -150,3 +150,45 @@ def test_default_shards_equal_storage_generator_with_the_same_seed(tmp_path) -> 
     storage = RolloutStorage.from_hdf5(src)
     expected = storage.mini_batch_generator(7, 2, parity=False, generator=torch.Generator().manual_seed(3))
     assert_batches(list(ShardDataset(tmp_path / "s", epochs="all")), list(expected))
+
+
+def _zeros_shard(folders, tmp_path, nbytes: int):
+    """A copy of the feed-forward folder whose first shard holds ``extra/zeros``: ``nbytes`` of compressed zeros
+    declared in a few KB (its chunks never written)."""
+    import shutil
+
+    folder = tmp_path / "zeros"
+    shutil.copytree(folders["feedforward"], folder)
+    entry = json.loads((folder / "manifest.json").read_text())["shards"][0]
+    with h5py.File(folder / entry["file"], "a") as f:
+        f.create_dataset("extra/zeros", (nbytes // 4096, 1024), np.float32, chunks=(64, 1024), compression="gzip")
+    return folder, folder / entry["file"]
+
+
+@pytest.mark.parametrize(("nbytes", "read_bytes"), [(2 << 30, None), (64 << 20, 16 << 20)])
+def test_a_shard_over_read_bytes_is_refused_before_reading(folders, tmp_path, nbytes, read_bytes) -> None:
+    """One shard holding 2 GiB of compressed zeros took 2.4 GB: now refused by its declared size, unread."""
+    import tracemalloc
+
+    folder, path = _zeros_shard(folders, tmp_path, nbytes)
+    bound = {} if read_bytes is None else {"read_bytes": read_bytes}
+    dataset = ShardDataset(folder, epochs=[0], prefetch=False, **bound)
+    limit = read_bytes or 1 << 30
+    tracemalloc.start()
+    try:
+        with pytest.raises(RolloutError) as raised:
+            dataset[0]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+    size = str(raised.value).split(", found ")[1].split(" bytes")[0]
+    assert int(size) > nbytes
+    assert str(raised.value) == (
+        f"{path}: field 'extra/zeros': expected a shard readable within read_bytes={limit}, found {size} bytes to "
+        f"read, {nbytes + 64 * 4096} of them this dataset's. Pass read_bytes={size} (or more), or write smaller "
+        "shards (batch --num-mini-batches)."
+    )
+    if read_bytes is not None:  # within a large enough bound, the shard is read whole
+        item = ShardDataset(folder, epochs=[0], prefetch=False, read_bytes=int(size), as_dict=True)[0]
+        assert item["extra/zeros"].shape == (nbytes // 4096, 1024) and not item["extra/zeros"].any()

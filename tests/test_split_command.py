@@ -289,3 +289,24 @@ def test_equal_runs_write_equal_bytes(tmp_path: Path, cli) -> None:
         assert cli("split", "--unpad", outputs[0], "-o", path, "-q")[0] == 0
         time.sleep(1.1)
     assert restored[0].read_bytes() == restored[1].read_bytes()
+
+
+def test_padding_the_disk_cannot_hold_is_refused_before_writing(tmp_path: Path, cli, monkeypatch) -> None:
+    """Padding made a 300 KB input a 30 MB output with no look at the disk: now needed, free and where (exit 3)."""
+    import shutil
+
+    source = write_rollout(tmp_path / "in.h5", rollout_arrays(T=1000, N=8, end_rate=0.1))
+    code, out, err = cli("split", source, "-o", tmp_path / "fits.h5", "--json", "-q")
+    assert code == 0, err
+    padded = json.loads(out)["padded_bytes"]
+    assert padded > 8 << 20 and (tmp_path / "fits.h5").stat().st_size > padded
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10 << 30, 0, 4 << 20))
+    dst = tmp_path / "out.h5"
+    code, _, err = cli("split", source, "-o", dst, "-q")
+    assert code == 3 and not dst.exists() and not [p for p in tmp_path.iterdir() if "rolloutcli-tmp" in p.name]
+    need = err.split("needs ")[1].split("M ")[0]
+    assert int(need) >= padded >> 20
+    assert err.strip() == (
+        f"error: {dst}: the output needs {need}M of disk (uncompressed), 4M is free on the file system holding "
+        f"{tmp_path.resolve()}; free some space or write the output elsewhere."
+    )

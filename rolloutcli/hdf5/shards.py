@@ -290,25 +290,54 @@ def is_shard_folder(folder: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
 
 
-def read_shard(path: Path, safety: SafetyOptions | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def _decoded_bytes(dataset: h5py.Dataset) -> int:
+    """Memory reading ``dataset`` whole takes: its data, and one chunk decoded beside it when filtered."""
+    data = math.prod(dataset.shape or ()) * dataset.dtype.itemsize
+    chunk = math.prod(dataset.chunks) * dataset.dtype.itemsize if dataset.chunks and dataset.compression else 0
+    return data + chunk
+
+
+def _check_decoded(path: Path, sizes: dict[str, int], max_bytes: int | None) -> None:
+    """Refuse, before any data is read, a shard whose datasets take more than ``max_bytes`` to read (a few MB of
+    compressed zeros may declare gigabytes), naming its largest dataset."""
+    total = sum(sizes.values())
+    if max_bytes is None or total <= max_bytes:
+        return
+    largest = max(sizes, key=sizes.__getitem__)
+    raise RolloutError.field(
+        path, largest, f"a shard readable within read_bytes={max_bytes}",
+        f"{total} bytes to read, {sizes[largest]} of them this dataset's",
+        f"Pass read_bytes={total} (or more), or write smaller shards (batch --num-mini-batches).",
+    )  # fmt: skip
+
+
+def read_shard(
+    path: Path, safety: SafetyOptions | None = None, max_bytes: int | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Every dataset of a shard (audited like any input) and its attributes:
-    ``({dataset path: array}, {"": root attrs, group path: attrs, ...})``."""
+    ``({dataset path: array}, {"": root attrs, group path: attrs, ...})``; a shard whose datasets take more
+    than ``max_bytes`` to read is refused before any is read."""
     arrays: dict[str, np.ndarray] = {}
     attrs: dict[str, Any] = {}
     with open_hdf5(path, safety) as handle:
         try:
+            datasets: dict[str, h5py.Dataset] = {}
 
             def visit(name: str, obj: h5py.HLObject) -> None:
                 if isinstance(obj, h5py.Dataset):
-                    arrays[name] = obj[()]
+                    datasets[name] = obj
                 elif obj.attrs:
                     attrs[name] = dict(obj.attrs)
 
             attrs[""] = dict(handle.attrs)
             handle.visititems(visit)
+            if attrs[""].get("rolloutcli_format") not in (SHARD_FORMAT, SHARD_FORMAT.encode()):
+                found = repr(attrs[""].get("rolloutcli_format"))
+                raise RolloutError.field(
+                    path, "rolloutcli_format", repr(SHARD_FORMAT), found, "Not a rolloutcli shard."
+                )
+            _check_decoded(path, {name: _decoded_bytes(d) for name, d in datasets.items()}, max_bytes)
+            arrays = {name: dataset[()] for name, dataset in datasets.items()}
         except HDF5_ERRORS as exc:
             raise translate_hdf5_error(path, exc) from exc
-    if attrs[""].get("rolloutcli_format") not in (SHARD_FORMAT, SHARD_FORMAT.encode()):
-        found = repr(attrs[""].get("rolloutcli_format"))
-        raise RolloutError.field(path, "rolloutcli_format", repr(SHARD_FORMAT), found, "Not a rolloutcli shard.")
     return arrays, attrs

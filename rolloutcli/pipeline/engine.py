@@ -13,7 +13,6 @@ import multiprocessing
 import os
 import secrets
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -25,10 +24,9 @@ from typing import Any
 
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError, stop_if_signalled
 from rolloutcli.pipeline.preload import server_preload, start_server, start_tracker
+from rolloutcli.pipeline.ray_connect import connect_ray
 
 ENGINES = ("local", "ray")
-RAY_INSTALL = 'pip install "rolloutcli[ray]"'
-RAY_TIMEOUT_S = 10.0  # an unreachable --address is reported within this
 RETRIES = 3  # Ray task retries (units are pure: a retry rewrites the same bytes)
 
 Unit = tuple[Callable[..., Any], tuple[Any, ...]]  # (module-level function, its arguments): picklable
@@ -315,58 +313,6 @@ def _stop(path: str, futures: Iterable[Future[Any]]) -> None:
     except OSError:
         for future in futures:
             future.cancel()
-
-
-def import_ray() -> Any:
-    """``ray``, or exit 2 saying how to install it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise RolloutError(
-            f"--engine ray: expected Ray to be installed, found none. Install it: {RAY_INSTALL}", exit_code=EXIT_USAGE
-        ) from exc
-    return ray
-
-
-def _unreachable(address: str, why: object) -> RolloutError:
-    return RolloutError(
-        f"{address}: cannot reach the Ray cluster ({why}). Check --address (auto, host:6379, ray://host:10001) "
-        "and that the cluster runs.",
-        exit_code=EXIT_IO,
-    )
-
-
-def _probe(address: str) -> None:
-    """Connect to ``host:port`` within ``RAY_TIMEOUT_S``: Ray itself retries an absent cluster for minutes."""
-    if address == "auto":
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=RAY_TIMEOUT_S):
-            pass
-    except ValueError:
-        raise _unreachable(address, "expected host:port") from None
-    except OSError as exc:
-        raise _unreachable(address, exc.strerror or exc) from exc
-
-
-def connect_ray(options: EngineOptions) -> Any:
-    """``ray`` connected to ``--address`` (or a new local cluster); unreachable: exit 3 naming the address."""
-    ray = import_ray()
-    address = options.address
-    if address is not None:
-        _probe(address)
-    if ray.is_initialized():
-        return ray
-    env = {"env_vars": options.env()} if options.env() else None
-    try:
-        if address is None:
-            ray.init(include_dashboard=False, runtime_env=env, log_to_driver=False)
-        else:
-            ray.init(address=address, runtime_env=env, log_to_driver=False)
-    except (ConnectionError, TimeoutError) as exc:
-        raise _unreachable(str(address), str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
-    return ray
 
 
 def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:

@@ -10,6 +10,7 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from rolloutcli.hdf5.schema import DatasetInfo
 MAX_METADATA_BYTES = 16 * 2**20  # Minari writes a few kilobytes
 MAX_METADATA_DEPTH = 64
 PLAIN_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")  # a tensor's key becomes a dataset name
-# Flag datasets read whole to find episode ends: [rows, ...] with at least one number per row.
+# Flag datasets read to find episode ends: [rows, ...] with at least one number per row.
 FLAGS = {
     "d4rl": ("terminals", "timeouts"),
     "ikostrikov": ("masks", "bad_masks"),
@@ -221,9 +222,12 @@ def check_episode_fields(path: object, layout: str, listing: dict[str, Any]) -> 
             )
 
 
-def next_observation_mismatch(source: Any, listing: dict[str, Any], dones: np.ndarray, budget: int) -> dict[str, int]:
-    """D4RL: for each ``next_observations`` dataset, how many rows inside an episode (``dones`` 0) differ from
-    the next ``observations`` row (NaN equal to NaN), read in blocks of at most about ``budget`` bytes."""
+def next_observation_mismatch(
+    source: Any, listing: dict[str, Any], dones: Callable[[int, int], np.ndarray], budget: int
+) -> dict[str, int]:
+    """D4RL: for each ``next_observations`` dataset, how many rows inside an episode (``dones(start, stop)``
+    0) differ from the next ``observations`` row (NaN equal to NaN), read in blocks of at most about ``budget``
+    bytes."""
     found = {}
     for name in listing:
         top, _, key = name.partition("/")
@@ -238,7 +242,7 @@ def next_observation_mismatch(source: Any, listing: dict[str, Any], dones: np.nd
             ahead = source.slice(name, (slice(start, stop),))
             after = source.slice(obs, (slice(start + 1, stop + 1),))
             differ = (ahead != after) & ~((ahead != ahead) & (after != after))
-            differ = differ.reshape(stop - start, -1).any(axis=1) & (dones[start:stop].reshape(-1) == 0)
+            differ = differ.reshape(stop - start, -1).any(axis=1) & (dones(start, stop).reshape(-1) == 0)
             count += int(np.count_nonzero(differ))
         if count:
             found[name] = count

@@ -23,7 +23,8 @@ from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import H5Input, RolloutReader
 from rolloutcli.hdf5.schema import FORMAT_NAME, FORMAT_VERSION
 from rolloutcli.hdf5.writer import RolloutOutput
-from rolloutcli.pipeline.import_limits import check_disk, check_plan_memory, plan_bytes
+from rolloutcli.pipeline.import_flags import FlatFlags, block_rows, blocks
+from rolloutcli.pipeline.import_limits import check_disk
 from rolloutcli.pipeline.import_source import (
     TensorSource,
     check_episode_fields,
@@ -107,7 +108,12 @@ def _open_source(src: Path, wanted: str, run: RunOptions) -> Iterator[tuple[Any,
         source.close()
 
 
-def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any], max_memory: int) -> Plan:
+def _read(source: Any) -> Any:
+    """Rows ``index`` of a source dataset (what the plan and the computed outputs read)."""
+    return lambda name, index: source.slice(name, (index,))
+
+
+def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
     layout = recognise(source.datasets) if wanted == "auto" else wanted
     if layout is None or not matches(source.datasets, layout):
         if isinstance(source, H5Input) and source.attrs_of("").get("rolloutcli_format") == FORMAT_NAME:
@@ -118,8 +124,7 @@ def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any], max_memory:
         raise unrecognised(src, source.datasets, wanted)
     check_listing(src, layout, source.datasets)
     check_episode_fields(src, layout, source.datasets)
-    check_plan_memory(src, layout, source.datasets, max_memory)
-    plan = plan_import(src, layout, source.datasets, lambda name: source.slice(name))
+    plan = plan_import(src, layout, source.datasets, _read(source))
     total = meta.get("total_episodes")
     if isinstance(total, int) and total != plan.episodes:
         raise RolloutError(
@@ -143,8 +148,9 @@ def run_import(
     progress = progress or Progress()
     check_output_path(dst, [src], overwrite=overwrite)
     with _open_source(src, layout, run) as (source, meta):
-        plan = _plan(src, source, layout, meta, run.max_memory)
+        plan = _plan(src, source, layout, meta)
         check_disk(dst, plan, source.datasets)
+        _count_episodes(plan, source, run.max_memory)
         notes = _keep_next_observations(src, source, plan, run.max_memory)
         _unclash(plan)
         if notes:  # next_observations carried too
@@ -152,8 +158,7 @@ def run_import(
         h5 = source if isinstance(source, H5Input) else None
         with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp:
             with RolloutOutput(tmp, dst, h5, early_sync=True) as out:
-                held = plan_bytes(plan.layout, source.datasets)  # the plan's flags: the copies get the rest
-                _write(plan, source, out, max(run.max_memory - held, 1 << 20), progress)
+                _write(plan, source, out, run.max_memory, progress)
                 out.set_attrs(
                     {
                         "rolloutcli_format": FORMAT_NAME,
@@ -171,17 +176,29 @@ def run_import(
         "T": plan.T,
         "N": plan.N,
         "episodes": plan.episodes,
-        "fields": sorted({*plan.datasets, *plan.arrays, *plan.verbatim.values()}),
+        "fields": sorted({*plan.datasets, *_computed_names(plan), *plan.verbatim.values()}),
         "recorded_from_reset": bool(plan.attrs.get("recorded_from_reset", False)),
         "bytes_written": os.path.getsize(dst),
         "warnings": warnings,
     }
 
 
+def _computed_names(plan: Plan) -> list[str]:
+    return [name for computed in plan.computed for name in computed.outputs]
+
+
+def _count_episodes(plan: Plan, source: Any, budget: int) -> None:
+    """A flat file's episodes, counted from its flags a block at a time (after the disk check: a declared-huge
+    source is refused before its flags are read)."""
+    for flags in plan.computed:
+        if isinstance(flags, FlatFlags):
+            plan.episodes = flags.episodes(_read(source), block_rows(flags, source.datasets, budget))
+
+
 def _unclash(plan: Plan) -> None:
     """A carried dataset whose place another output takes (ikostrikov's ``dones`` goes to ``source/dones``,
     where a ``source/dones`` of the source would go too) moves one ``source/`` further down."""
-    taken = [*plan.datasets, *plan.arrays]
+    taken = [*plan.datasets, *_computed_names(plan)]
 
     def clashes(target: str) -> bool:
         return any(target == t or target.startswith(t + "/") or t.startswith(target + "/") for t in taken)
@@ -199,7 +216,10 @@ def _keep_next_observations(src: Path, source: Any, plan: Plan, budget: int) -> 
     not a final observation: the dataset is carried whole under ``source/`` and the count said in a warning."""
     if plan.layout != "d4rl":
         return []
-    found = next_observation_mismatch(source, source.datasets, plan.arrays["dones"], budget)
+    flags = plan.computed[0]  # a D4RL plan computes only its dones and time_outs
+    found = next_observation_mismatch(
+        source, source.datasets, lambda start, stop: flags.rows(_read(source), start, stop)["dones"], budget
+    )
     plan.verbatim.update({name: f"source/{name}" for name in found})
     return [
         f"{src}: field '{name}': {count} rows inside an episode differ from the next 'observations' row; "
@@ -235,7 +255,7 @@ def _row_bytes(source: Any, name: str) -> int:
     return math.prod(info.shape[1:]) * info.dtype.itemsize
 
 
-def _read(source: Any, copy: Copy, first: int, rows: int, buffer: np.ndarray) -> np.ndarray:
+def _read_block(source: Any, copy: Copy, first: int, rows: int, buffer: np.ndarray) -> np.ndarray:
     """Rows ``first : first + rows`` of ``copy``; numeric rows of an HDF5 source land in ``buffer`` (reused)."""
     index = slice(copy.start + first, copy.start + first + rows)
     dtype = source.datasets[copy.src].dtype
@@ -247,19 +267,22 @@ def _read(source: Any, copy: Copy, first: int, rows: int, buffer: np.ndarray) ->
     return block
 
 
-def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: Progress) -> None:
-    """Create the datasets, copy the rows in blocks within ``budget`` bytes, add the computed arrays."""
-    blocks = []  # (copy, first row, rows): no block holds more than ``budget`` bytes (at least one row)
-    for copy in plan.copies:
-        step = max(1, budget // max(_row_bytes(source, copy.src), 1))
-        blocks += [(copy, first, min(step, copy.count - first)) for first in range(0, copy.count, step)]
-    progress.start("import", len(blocks) + 1)
-    for name, (shape, dtype) in plan.datasets.items():
-        out.create(name, shape, dtype)
-    largest = max((rows * _row_bytes(source, copy.src) for copy, _, rows in blocks), default=0)
+def _write_computed(plan: Plan, source: Any, out: RolloutOutput, budget: int) -> None:
+    """The computed outputs (dones, time_outs, ...) a block of rows within ``budget`` bytes at a time."""
+    for computed in plan.computed:
+        for name, (shape, dtype) in computed.outputs.items():
+            out.create(name, shape, dtype)
+        for start, stop in blocks(plan.T, block_rows(computed, source.datasets, budget)):
+            for name, rows in computed.rows(_read(source), start, stop).items():
+                out.write(name, (slice(start, stop),), rows)
+
+
+def _copy_rows(jobs: list[tuple[Copy, int, int]], source: Any, out: RolloutOutput, progress: Progress) -> None:
+    """The row copies, each block read into one buffer (freed on return: the computed outputs come next)."""
+    largest = max((rows * _row_bytes(source, copy.src) for copy, _, rows in jobs), default=0)
     buffer = np.empty(largest, np.uint8)
-    for copy, first, rows in blocks:
-        block = _read(source, copy, first, rows, buffer)
+    for copy, first, rows in jobs:
+        block = _read_block(source, copy, first, rows, buffer)
         target = slice(copy.dst + first, copy.dst + first + rows)
         if copy.single:
             out.write(copy.out, (), block[0])
@@ -267,8 +290,19 @@ def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: P
             out.write(copy.out, (target,), block[:, None] if copy.lane else block)
         out.sync_early()  # the disk writes this block while the next is read
         progress.advance()
-    for name, array in plan.arrays.items():
-        out.put(name, array)
+
+
+def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: Progress) -> None:
+    """Create the datasets, copy the rows in blocks within ``budget`` bytes, add the computed outputs."""
+    jobs = []  # (copy, first row, rows): no block holds more than ``budget`` bytes (at least one row)
+    for copy in plan.copies:
+        step = max(1, budget // max(_row_bytes(source, copy.src), 1))
+        jobs += [(copy, first, min(step, copy.count - first)) for first in range(0, copy.count, step)]
+    progress.start("import", len(jobs) + 1)
+    for name, (shape, dtype) in plan.datasets.items():
+        out.create(name, shape, dtype)
+    _copy_rows(jobs, source, out, progress)
+    _write_computed(plan, source, out, budget)
     if isinstance(source, H5Input):
         out.copy(plan.verbatim, lambda name: plan.verbatim[name])
     else:

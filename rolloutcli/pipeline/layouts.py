@@ -1,6 +1,7 @@
 """Foreign HDF5 layouts (D4RL, Minari, robomimic / Isaac Lab, ikostrikov) recognised from a file's dataset
 listing, and the plan that lays one out in the rollout format. No h5py here: a plan is plain data (which source
-rows go to which output rows) and the few small arrays read to build it (episode-end flags) come through ``read``.
+rows go to which output rows, and which outputs :mod:`rolloutcli.pipeline.import_flags` computes a block at a
+time); the one row per episode read to build it (its last episode-end flag) comes through ``read``.
 
 Episode datasets are laid end to end in one env lane (N = 1, T = all steps), each episode whole: ``dones`` is 1
 at the last step of every episode (and nowhere else), ``time_outs`` where that end was a truncation, and the
@@ -18,6 +19,7 @@ import numpy as np
 
 from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.fields import field_of
+from rolloutcli.pipeline.import_flags import Computed, EpisodeEnds, FlatFlags, Zeros
 from rolloutcli.pipeline.import_source import episode_key
 
 LAYOUTS = ("ikostrikov", "d4rl", "minari", "robomimic")  # recognised in this order
@@ -47,21 +49,21 @@ class Copy:
 
 @dataclass
 class Plan:
-    """How to write one rollout file from a source: output datasets, row copies, small computed arrays."""
+    """How to write one rollout file from a source: output datasets, row copies, outputs computed by blocks."""
 
     layout: str
     T: int
     N: int
     datasets: dict[str, tuple[tuple[int, ...], np.dtype]] = field(default_factory=dict)
     copies: list[Copy] = field(default_factory=list)
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    computed: list[Computed] = field(default_factory=list)
     verbatim: dict[str, str] = field(default_factory=dict)  # source -> output: datasets carried along whole
     attrs: dict[str, Any] = field(default_factory=dict)
     episodes: int = 0
 
 
 Listing = dict[str, Any]  # {path: DatasetInfo-like with .shape and .dtype}
-Reader = Callable[[str], np.ndarray]
+Reader = Callable[[str, slice], np.ndarray]  # rows of a source dataset
 
 
 def _episode_groups(listing: Listing, pattern: str) -> dict[str, Listing]:
@@ -136,7 +138,6 @@ def _lay_out(path: object, layout: str, episodes: list[Episode], listing: Listin
     """Episodes end to end in one lane: the copies, dones/time_outs, shapes checked across episodes."""
     T = sum(e.length for e in episodes)
     plan = Plan(layout, T, 1, episodes=len(episodes))
-    dones, time_outs = np.zeros((T, 1), np.uint8), np.zeros((T, 1), np.uint8)
     t = 0
     for episode in episodes:
         if episode.length == 0:
@@ -151,9 +152,10 @@ def _lay_out(path: object, layout: str, episodes: list[Episode], listing: Listin
             _declare(path, plan, out, src, listing, (T, 1), episode)
             plan.copies.append(Copy(out, src, 0, t, 1))
         t += episode.length
-        dones[t - 1] = 1  # every episode is whole: its last step ends it
-        time_outs[t - 1] = episode.truncated and not episode.terminated
-    plan.arrays.update(dones=dones, time_outs=time_outs)
+    # Every episode is whole: its last step ends it (one index per episode is all that is held).
+    ends = np.cumsum([e.length for e in episodes], dtype=np.int64) - 1
+    cut = np.array([e.truncated and not e.terminated for e in episodes], bool)
+    plan.computed.append(EpisodeEnds(T, ends, cut))
     plan.attrs["recorded_from_reset"] = True
     return plan
 
@@ -233,9 +235,8 @@ def _minari(path: object, listing: Listing, read: Reader) -> Plan:
             ep.steps[f"infos/{key}"] = (src, rows - length if rows == length + 1 else 0)
         extra.update({f"{group}/terminations": 0, f"{group}/truncations": 0})
         _check_lengths(path, ep, listing, extra)
-        flags = {n: read(f"{group}/{n}").reshape(length, -1) for n in ("terminations", "truncations")}
-        ep.terminated = bool(length and flags["terminations"][-1].any())
-        ep.truncated = bool(length and flags["truncations"][-1].any())
+        last = {n: read(f"{group}/{n}", slice(length - 1, length)) for n in ("terminations", "truncations")}
+        ep.terminated, ep.truncated = bool(last["terminations"].any()), bool(last["truncations"].any())
         ep.truncated = ep.truncated or not ep.terminated  # an episode cut by the recording is a truncation
         episodes.append(ep)
     plan = _lay_out(path, "minari", episodes, listing)
@@ -276,8 +277,8 @@ def _robomimic(path: object, listing: Listing, read: Reader) -> Plan:
             elif name != "actions":
                 ep.steps[name] = (src, 0)
         _check_lengths(path, ep, listing, extra)
-        done = read(f"{group}/dones") if f"{group}/dones" in listing else None
-        ep.terminated = bool(done is not None and length and done.reshape(length, -1)[-1].any())
+        done = read(f"{group}/dones", slice(length - 1, length)) if f"{group}/dones" in listing else None
+        ep.terminated = bool(done is not None and length and done.any())
         ep.truncated = not ep.terminated  # a demo that stops without its done flag was cut short
         recorded.append(done is not None)
         episodes.append(ep)
@@ -285,7 +286,7 @@ def _robomimic(path: object, listing: Listing, read: Reader) -> Plan:
     demos = re.compile(r"^data/demo_\d+/")
     plan.verbatim.update({n: _carried(n) for n in listing if not demos.match(n)})  # mask/<filter key>, ...
     if "rewards" not in plan.datasets:
-        plan.arrays["rewards"] = np.zeros((plan.T, 1), np.float32)
+        plan.computed.append(Zeros("rewards", (plan.T, 1), np.dtype(np.float32)))
         plan.attrs["rewards_recorded"] = False  # Isaac Lab demos store no rewards: zeros stand in
     if episodes[-1].ends:
         _last_observation(plan, episodes[-1])
@@ -325,9 +326,7 @@ def _d4rl(path: object, listing: Listing, read: Reader) -> Plan:
         raise RolloutError(problem_line(path, "rewards", "at least one step", "0 rows"))
     tops = ("observations", "actions", "terminals", "timeouts", "next_observations")
     _rows_check(path, listing, [n for n in listing if n.split("/")[0] in tops], T, f"{T} rows (as 'rewards')")
-    terminals = read("terminals").reshape(T, -1)[:, 0] != 0
-    timeouts = read("timeouts").reshape(T, -1)[:, 0] != 0 if "timeouts" in listing else np.zeros(T, bool)
-    plan = Plan("d4rl", T, 1)
+    plan = Plan("d4rl", T, 1)  # its episodes are counted from the flags once the disk is known to hold it
     for name, info in listing.items():
         if name in ("terminals", "timeouts"):
             continue
@@ -341,10 +340,7 @@ def _d4rl(path: object, listing: Listing, read: Reader) -> Plan:
             last = "last_observations/" + out.split("/", 1)[1]
             plan.datasets[last] = ((1, *info.shape[1:]), info.dtype)
             plan.copies.append(Copy(last, name, T - 1, 0, 1, lane=False))
-    ends = terminals | timeouts
-    plan.arrays["dones"] = ends.astype(np.uint8)[:, None]
-    plan.arrays["time_outs"] = (timeouts & ~terminals).astype(np.uint8)[:, None]
-    plan.episodes = int(ends.sum()) + int(not ends[-1])
+    plan.computed.append(FlatFlags(T, 1, "terminals", "timeouts" if "timeouts" in listing else None))
     plan.attrs["recorded_from_reset"] = True
     return plan
 
@@ -388,10 +384,7 @@ def _ikostrikov(path: object, listing: Listing, read: Reader) -> Plan:
         plan.copies.append(Copy("hidden_states/actor/0", "recurrent_hidden_states", 0, 0, T))
         plan.datasets["last_hidden_states"] = (tuple(info.shape[1:]), info.dtype)
         plan.copies.append(Copy("last_hidden_states", "recurrent_hidden_states", T, 0, 1, lane=False, single=True))
-    masks = read("masks").reshape(T + 1, N, -1)[1:, :, 0]
-    bad = read("bad_masks").reshape(T + 1, N, -1)[1:, :, 0] if "bad_masks" in listing else np.ones_like(masks)
-    plan.arrays["dones"] = (masks == 0).astype(np.uint8)  # dones[t] = 1 - masks[t + 1]
-    plan.arrays["time_outs"] = (bad == 0).astype(np.uint8)  # time_outs[t] = 1 - bad_masks[t + 1]
+    bad = "bad_masks" if "bad_masks" in listing else None
+    plan.computed.append(FlatFlags(T, N, "masks", bad, offset=1, ended_when_set=False))
     plan.verbatim.update({n: _carried(n) for n in listing if n not in (*renames, *IKOSTRIKOV_PLUS_ONE)})
-    plan.episodes = int(plan.arrays["dones"].sum())
     return plan

@@ -43,12 +43,13 @@ from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import H5Input, RolloutReader
 from rolloutcli.hdf5.schema import FORMAT_NAME
 from rolloutcli.hdf5.writer import RolloutOutput
+from rolloutcli.pipeline.import_limits import check_free_space
 from rolloutcli.pipeline.inspect import BLOWUP_WARNING
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
+from rolloutcli.pipeline.split_checks import SPAN_NAMES, unpaddable, unpadded_bytes
 
 SPLIT_FORMAT = "trajectories"
-SPAN_NAMES = ("trajectory_env", "trajectory_start", "trajectory_length")
 FULL_HIDDEN_PREFIX = "rollout/"
 
 
@@ -121,7 +122,7 @@ def run_split(
         schema = reader.schema
         T, N = schema.T, schema.N
         fields = schema.step_names()  # the per-step fields and the extras laid out [T, N, ...]
-        problems = _unpaddable(src, {name: schema.fields[name].dtype for name in fields})
+        problems = unpaddable(src, {name: schema.fields[name].dtype for name in fields})
         if problems:
             raise RolloutError.many(src, problems)
         counts, lengths = _count_trajectories(reader, options.max_length)
@@ -140,6 +141,8 @@ def run_split(
                 f"{src}: padding multiplies the per-step data {blowup:.1f}x ({M} trajectories padded to "
                 f"{L} steps); use --pad-to longest or --max-length K to bound it."
             )
+        # Padding can make the output far larger than the input: refused before any of it is written.
+        check_free_space(dst, padded_bytes + unpadded_bytes(schema, fields, M))
         blocks = _plan_blocks(counts, T, L, per_row, per_row + 1, max(run.max_memory // 2, 1))
         with atomic_file(dst, inputs=[src], overwrite=overwrite) as tmp, RolloutOutput(tmp, dst, reader) as out:
             _write_split(reader, out, fields, row_bytes, counts, L, options, run, blocks, progress)
@@ -161,14 +164,6 @@ def run_split(
         "blocks": len(blocks),
         "seconds": time.perf_counter() - started,
     }
-
-
-def _unpaddable(path: Path, dtypes: dict[str, np.dtype]) -> list[str]:
-    """Fields split cannot move as raw bytes: object references and variable-length data (what their bytes
-    point to is elsewhere in the file: moved, they would dangle)."""
-    found = "HDF5 object references or variable-length data"
-    fix = "Store the field as fixed-size values or outside the [T, N, ...] layout."
-    return [problem_line(path, name, "fixed-size values", found, fix) for name, t in dtypes.items() if t.hasobject]
 
 
 def _count_trajectories(reader: RolloutReader, max_length: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -300,7 +295,7 @@ def _split_layout(source: H5Input) -> dict[str, Any]:
     for name in (*SPAN_NAMES, "masks", *fields):
         if name not in datasets:
             problems.append(problem_line(path, name, "a dataset written by split", "nothing"))
-    problems += _unpaddable(path, {name: datasets[name].dtype for name in fields if name in datasets})
+    problems += unpaddable(path, {name: datasets[name].dtype for name in fields if name in datasets})
     if problems:
         raise RolloutError.many(path, problems)
     T, N = int(sizes["source_T"] or 0), int(sizes["source_N"] or 0)

@@ -42,7 +42,7 @@ import numpy as np
 
 from rolloutcli.core.host import numpy_storable
 from rolloutcli.errors import EXIT_IO, RolloutError
-from rolloutcli.record.waiting import wait_settled
+from rolloutcli.record.waiting import wait_at_exit, wait_settled
 
 _IN_FLIGHT = 2  # recordings handed over and not yet published
 _ALIGN = 64  # each array of a slot starts on a cache line
@@ -231,7 +231,8 @@ class _Child:
     def close(self) -> None:
         with contextlib.suppress(OSError):  # the child's end of file: a close gives none while _read waits on it
             self.slots.shutdown(socket.SHUT_WR)
-        self.process.wait()
+        # Bounded (at exit too): a stopped child (SIGSTOP) held the interpreter's exit forever.
+        wait_at_exit(self.process, lambda: [path for path, _ in list(self.waiting.values())])
         self.slots.close()
 
 
