@@ -214,3 +214,20 @@ def test_a_node_lost_mid_unit_ends_with_the_same_bytes(
     while len(alive(ray)) > 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(alive(ray)) == 2
+
+
+def test_ray_holds_a_few_units_per_cluster_cpu_at_a_time(ray_cluster, monkeypatch) -> None:
+    """More units than the cluster is given at once: every result, in order; at most ``AHEAD_PER_WORKER`` tasks a
+    cluster CPU are in flight (10,000 refs and their arguments were held in the driver for the whole run)."""
+    ray, address = ray_cluster
+    most, real = [0], ray.wait
+
+    def spy(refs: list, *args: Any, **kwargs: Any) -> Any:
+        most[0] = max(most[0], len(refs))
+        return real(refs, *args, **kwargs)
+
+    monkeypatch.setattr(ray, "wait", spy)
+    count = 6 * engine.AHEAD_PER_WORKER
+    units = [(test_engines.square, (i,)) for i in range(count)]
+    assert engine.run_units(units, EngineOptions(engine="ray", address=address)) == [i * i for i in range(count)]
+    assert most[0] == 2 * engine.AHEAD_PER_WORKER  # two nodes of one CPU

@@ -34,13 +34,18 @@ def printable(value: Any) -> Any:
 
 
 def _plain(value: Any) -> Any:
-    """JSON-ready data: numpy scalars and arrays as Python values, non-finite floats as None."""
+    """JSON-ready data: numpy scalars and arrays as Python values, non-finite floats as None. What is plain already
+    is returned as it is, not copied (a dataset's report holds a row per file: 10,000 rows copied whole would
+    double them in memory while the JSON is written)."""
     if hasattr(value, "tolist") and hasattr(value, "dtype"):  # numpy scalar or array, torch tensor
         value = value.tolist()
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        out = {str(k): _plain(v) for k, v in value.items()}
+        same = type(value) is dict and all(type(k) is str and out[k] is v for k, v in value.items())
+        return value if same else out
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        items = [_plain(v) for v in value]
+        return value if type(value) is list and all(a is b for a, b in zip(items, value, strict=True)) else items
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, bytes):

@@ -9,6 +9,7 @@ depend on the engine, the worker count or the order units finish in. The driver 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import os
 import secrets
@@ -258,7 +259,7 @@ def unit_modules(units: Sequence[Unit]) -> list[str]:
     return sorted({f.__module__ for f in functions if isinstance(f.__module__, str)})
 
 
-AHEAD_PER_WORKER = 4  # units submitted to a local pool ahead of the oldest one running, per worker
+AHEAD_PER_WORKER = 4  # units in flight a local worker or a Ray cluster CPU (the local pool: ahead of the oldest)
 
 
 def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
@@ -321,12 +322,18 @@ def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[
     before the caller removes or keeps the folder they write into; they ran on after the command had failed."""
     ray = connect_ray(options)
     task = ray.remote(max_retries=RETRIES, scheduling_strategy="SPREAD")(_call)
-    refs = [task.remote(fn, args, options.env()) for fn, args in units]
-    index = {ref: i for i, ref in enumerate(refs)}
-    pending = list(refs)
+    # at most AHEAD_PER_WORKER tasks a cluster CPU in flight: a ref and its arguments per unit of 10,000 were held
+    # in the driver (and in Ray's object store) for the whole run
+    window = max(1, int(ray.cluster_resources().get("CPU", 1))) * AHEAD_PER_WORKER
+    todo = iter(enumerate(units))
+    index: dict[Any, int] = {}  # the tasks in flight -> their unit
     try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+        while True:
+            for i, (fn, args) in itertools.islice(todo, max(0, window - len(index))):
+                index[task.remote(fn, args, options.env())] = i
+            if not index:
+                break
+            ready, _ = ray.wait(list(index), num_returns=1)
             for ref in ready:
                 try:
                     result = ray.get(ref)
@@ -336,8 +343,9 @@ def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[
                         "published. Rerun with --resume to continue.",
                         exit_code=EXIT_IO,
                     ) from exc
-                finished(index[ref], result)
+                finished(index.pop(ref), result)
     except BaseException:
+        pending = list(index)
         for ref in pending:
             ray.cancel(ref)
         if pending:
