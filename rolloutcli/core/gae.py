@@ -51,7 +51,13 @@ def _as_flag(x: torch.Tensor) -> torch.Tensor:
 
 
 def _apply_rule(
-    rule: str, r: torch.Tensor, v32: torch.Tensor, d: torch.Tensor, to: torch.Tensor, fv: torch.Tensor | None, gamma: float
+    rule: str,
+    r: torch.Tensor,
+    v32: torch.Tensor,
+    d: torch.Tensor,
+    to: torch.Tensor,
+    fv: torch.Tensor | None,
+    gamma: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rewards, dones)`` under a time-out rule: :func:`rolloutcli.core.timeouts.apply_timeouts` (the commands'
     rules, whose docstring says what each does) on tensors, operation for operation, so both give the same bits."""
@@ -139,9 +145,10 @@ def compute_gae(
     ``"rsl"`` (RSL-RL: ``r += gamma * V(s_t)`` on a copy of the rewards), ``"final-value"`` (SB3, TorchRL:
     ``r += gamma * final_values``, V of the observation that ended the episode, ``[T, N]``, read only at time-outs),
     ``"proper"`` (ikostrikov's ``use_proper_time_limits``: advantage 0, return ``V(s_t)`` there), ``"ignore"`` (a
-    time-out ends the episode like a termination). Without ``time_outs`` every rule gives the same result. ``backend``: ``"cpu"`` (the exact kernel), ``"torch"``
-    (the scan, any device) or ``"auto"``. ``num_threads`` never changes a bit. ``out``: optional contiguous float32
-    ``(advantages, returns)`` buffers on the inputs' device, not overlapping them.
+    time-out ends the episode like a termination). Without ``time_outs`` every rule gives the same result.
+    ``backend``: ``"cpu"`` (the exact kernel), ``"torch"`` (the scan, any device) or ``"auto"``. ``num_threads``
+    never changes a bit. ``out``: optional contiguous float32 ``(advantages, returns)`` buffers on the inputs'
+    device, not overlapping them.
 
     Returns ``(advantages, returns)``, float32 ``[T, N]``, not normalised; ``advantages = returns - values``.
     """

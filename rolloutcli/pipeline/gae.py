@@ -62,7 +62,8 @@ class GaeOptions:
 def applied_options(reader: RolloutReader, options: GaeOptions) -> tuple[GaeOptions, str]:
     """The options with the rule ``gae`` applies to this file and where it came from (``option``, ``file``:
     its ``timeouts_rule``, ``default``); the same on a ``gae`` output, whose ``gae_timeouts`` only records."""
-    rule, source = decide_rule(options.explicit, recorded_rule(reader.path, reader.schema.attrs))
+    explicit = options.explicit  # when given, the file's attribute is not read (not even checked)
+    rule, source = decide_rule(explicit, None if explicit else recorded_rule(reader.path, reader.schema.attrs))
     return (replace(options, timeouts=rule) if source == "file" else options), source
 
 

@@ -9,8 +9,8 @@ import numpy as np
 
 from rolloutcli.core.timeouts import RULES
 from rolloutcli.errors import RolloutError
-from rolloutcli.hdf5.schema import FORMAT_VERSION
 from rolloutcli.fields import BY_NAME
+from rolloutcli.hdf5.schema import FORMAT_VERSION
 
 # root attributes the format gives meaning to, or the writer's own parameters set: -> how to set them instead
 RESERVED = {
@@ -34,7 +34,11 @@ def format_attrs(path: object, timeouts_rule: str | None) -> dict[str, Any]:
     ``timeouts_rule``) and ``timeouts_rule`` when given (the trainer's time-out rule, one of ``RULES``)."""
     if timeouts_rule is not None and timeouts_rule not in RULES:
         raise RolloutError.field(
-            path, "timeouts_rule", f"one of {', '.join(RULES)} or None", repr(timeouts_rule), "Name your trainer's rule."
+            path,
+            "timeouts_rule",
+            f"one of {', '.join(RULES)} or None",
+            repr(timeouts_rule),
+            "Name your trainer's.",
         )
     return {"rolloutcli_format": "rollout", "format_version": FORMAT_VERSION, "timeouts_rule": timeouts_rule}
 
