@@ -94,10 +94,7 @@ def run_gae(
     def make(reader: RolloutReader) -> Derived:
         applied, source = applied_options(reader, options)
         _check_fields(reader, applied, source)
-        plan = _plan_rewards(reader, applied)
-        if source == "default" and "time_outs" in reader.schema.fields:  # the rule acts on something: say which
-            progress.warn(DEFAULT_NOTE.format(path=reader.path))
-        return _Gae(reader, applied, plan, progress, source).derived()
+        return _Gae(reader, applied, _plan_rewards(reader, applied), progress, source).derived()
 
     return run_derive(src, dst, make, run, name="gae", overwrite=overwrite, in_place=in_place, progress=progress)
 
@@ -276,6 +273,8 @@ class _Gae:
                 self.progress.start("normalize", len(blocks))
             moments = _normalize(out, blocks, self.kept, self.raw, self.progress)
         _set_attributes(out, self.rewards, options, self.raw)
+        if self.source == "default" and "time_outs" in self.reader.schema.fields:  # the rule acted: say which
+            self.progress.warn(DEFAULT_NOTE.format(path=self.reader.path))  # once written: a failure says only it
         return {
             "gamma": options.gamma,
             "lambda": options.lam,
