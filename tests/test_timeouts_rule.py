@@ -231,15 +231,15 @@ def test_inspect_names_the_rule(tmp_path: Path, cli) -> None:
     tagged = write_rollout(tmp_path / "tagged.h5", arrays, {"timeouts_rule": "final-value"})
     plain = write_rollout(tmp_path / "plain.h5", arrays)
     lines = {
-        tagged: "time-out rule: gae applies final-value (the file's timeouts_rule) unless given --timeouts",
-        plain: "time-out rule: gae applies rsl (the default: the file names none) unless given --timeouts",
+        tagged: "time-out rule: final-value (the file's timeouts_rule)",
+        plain: "time-out rule: rsl (default: the file names none)",
     }
     for path, line in lines.items():
         code, text, _ = cli("inspect", path)
         assert code == 0 and line in text.splitlines()
     assert cli("gae", plain, "-o", tmp_path / "g.h5", "--timeouts", "proper", "-q")[0] == 0
     code, text, _ = cli("inspect", tmp_path / "g.h5")
-    assert "time-out rule: gae applied proper (the file's timeouts_rule: none)" in text.splitlines()
+    assert "time-out rule: gae applied proper (timeouts_rule: none)" in text.splitlines()
     report = json.loads(cli("inspect", tmp_path / "g.h5", "--json")[1])
     assert report["timeouts"] == {"recorded": None, "gae": "rsl", "from": "default", "applied": "proper"}
 

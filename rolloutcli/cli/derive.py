@@ -78,11 +78,11 @@ def render_gae(console: Console, summary: dict[str, Any]) -> None:
 
     derived_header(console, "gae", summary)
     bootstrap = (
-        f"{summary['bootstrapped_rewards']} rewards bootstrapped on time-outs"
+        f"{summary['bootstrapped_rewards']} rewards bootstrapped"
         if summary["bootstrapped_by_this_run"]
-        else "rewards were already bootstrapped"
+        else "rewards already bootstrapped"
         if summary["timeouts_bootstrapped"]
-        else "no time-out bootstrapping"
+        else "no bootstrapping"
     )
     console.print(
         f"gamma {summary['gamma']}  lambda {summary['lambda']}  normalized {summary['normalized']}  "

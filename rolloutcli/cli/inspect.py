@@ -105,12 +105,12 @@ def render_inspect(console: Console, report: dict[str, Any]) -> None:
 
 def _timeouts_line(console: Console, timeouts: dict[str, Any]) -> None:
     """The time-out rule: what an earlier gae applied, else what gae applies without --timeouts, and why."""
-    why = "the file's timeouts_rule" if timeouts["from"] == "file" else "the default: the file names none"
+    why = "the file's timeouts_rule" if timeouts["from"] == "file" else "default: the file names none"
     if timeouts["applied"]:
         recorded = timeouts["recorded"] or "none"
-        console.print(f"time-out rule: gae applied {timeouts['applied']} (the file's timeouts_rule: {recorded})")
+        console.print(f"time-out rule: gae applied {timeouts['applied']} (timeouts_rule: {recorded})")
     else:
-        console.print(f"time-out rule: gae applies {timeouts['gae']} ({why}) unless given --timeouts")
+        console.print(f"time-out rule: {timeouts['gae']} ({why})")
 
 
 def _attrs_and_nonfinite(console: Console, report: dict[str, Any]) -> None:
