@@ -43,6 +43,7 @@ def test_records_steps_and_final_observations(tmp_path: Path, mode: AutoresetMod
     assert [p.name for p in env.files] == ["rollout_000000.h5", "rollout_000001.h5"]
     with h5py.File(env.files[0], "r") as first, h5py.File(env.files[1], "r") as second:
         assert bool(first.attrs["recorded_from_reset"]) and first.attrs["recorder"].endswith("RecordRollouts")
+        assert first.attrs["timeouts_rule"] == "final-value" and first.attrs["format_version"] == 1.2
         data = {
             k: np.concatenate([first[k][()], second[k][()]])
             for k in (

@@ -101,6 +101,7 @@ def test_hook_is_invisible_and_files_reproduce_rsl_rl(tmp_path: Path, cli, rnn: 
             attrs = dict(handle.attrs)
             assert attrs["recorder"] == "rolloutcli.record.rsl_rl" and attrs["rsl_rl_version"] == "5.5.1"
             assert attrs["gamma"] == 0.98 and attrs["lam"] == 0.9 and not attrs["timeouts_bootstrapped"]
+            assert attrs["timeouts_rule"] == "rsl" and attrs["format_version"] == 1.2
             assert list(handle["distribution"].attrs["order"]) == ["mean", "std"]
             assert ("hidden_states" in handle) is bool(rnn)
             if rnn:  # LSTM: (h, c) as parts 0 and 1, like RSL-RL's storage

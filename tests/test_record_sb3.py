@@ -35,9 +35,10 @@ def test_sb3_rollouts_reproduce_its_gae(tmp_path: Path, cli) -> None:
     for path, (returns, advantages) in zip(recorder.files, capture.buffers, strict=True):
         with h5py.File(path, "r") as handle:
             assert handle["time_outs"][()].any() and handle.attrs["gamma"] == model.gamma
+            assert handle.attrs["timeouts_rule"] == "final-value"  # so plain gae applies SB3's rule (issue 41)
         out = tmp_path / f"{path.stem}_gae.h5"
         flags = ("--gamma", str(model.gamma), "--lam", str(model.gae_lambda), "--no-normalize", "-q")
-        code, _, err = cli("gae", path, "-o", out, "--timeouts", "final-value", *flags)
+        code, _, err = cli("gae", path, "-o", out, *flags)
         assert code == 0, err
         with h5py.File(out, "r") as handle:
             assert handle["returns"][()].tobytes() == returns.tobytes()

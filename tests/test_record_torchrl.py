@@ -54,7 +54,8 @@ def test_torchrl_batch_reproduces_its_gae(tmp_path: Path, cli) -> None:
         assert handle["observations/policy"].shape == (T, N, 3) and handle["time_outs"][()].any()
         np.testing.assert_array_equal(handle["rewards"][()], td["next", "reward"].squeeze(-1).T.numpy())
         assert list(handle["distribution"].attrs["order"]) == ["loc", "scale"]
-    code, _, err = cli("gae", path, "-o", tmp_path / "g.h5", "--timeouts", "final-value", "--no-normalize", "-q")
+        assert handle.attrs["timeouts_rule"] == "final-value"  # so plain gae applies TorchRL's rule (issue 41)
+    code, _, err = cli("gae", path, "-o", tmp_path / "g.h5", "--no-normalize", "-q")
     assert code == 0, err
     adv, target = generalized_advantage_estimate(
         0.99,

@@ -288,7 +288,7 @@ def _small(rewards=None, values=None, dones=None, extras=None) -> dict:
         ("timeouts_bootstrapped", "It is reserved: the writer records raw rewards (False). Remove it from attrs."),
         ("rolloutcli_format", "It is reserved: the writer sets it. Remove it from attrs."),
         ("format_version", "It is reserved: the writer sets it. Remove it from attrs."),
-        ("timeouts_rule", "It is reserved: the format gives it meaning. Remove it from attrs."),
+        ("timeouts_rule", "Pass timeouts_rule=... to RolloutWriter instead."),
         ("recording_id", "It is reserved: the format gives it meaning. Remove it from attrs."),
         ("recording_index", "It is reserved: the format gives it meaning. Remove it from attrs."),
         ("gamma", "Pass gamma=... to RolloutWriter instead."),

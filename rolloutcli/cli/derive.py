@@ -44,8 +44,9 @@ def gae(
         Timeouts | None,
         typer.Option(
             "--timeouts",
-            help="Time-out rule: rsl (r += gamma * V(s_t), default), final-value (r += gamma * final_values, as "
-            "SB3/TorchRL), proper (ikostrikov: advantage 0 at time-outs), ignore (time-outs terminate).",
+            help="Time-out rule: rsl (r += gamma * V(s_t), RSL-RL), final-value (r += gamma * final_values, as "
+            "SB3/TorchRL), proper (ikostrikov: advantage 0 at time-outs), ignore (time-outs terminate). Default: "
+            "the file's timeouts_rule, else rsl.",
             show_default=False,
         ),
     ] = None,
@@ -71,19 +72,23 @@ def gae(
 
 
 def render_gae(console: Console, summary: dict[str, Any]) -> None:
-    """Print a ``gae`` summary: where it went, what was applied, statistics, time."""
+    """Print a ``gae`` summary: where it went, what was applied (the time-out rule and where it came from),
+    statistics, time."""
+    from rolloutcli.pipeline.timeouts_rule import describe
+
     derived_header(console, "gae", summary)
     bootstrap = (
-        f"{summary['bootstrapped_rewards']} rewards bootstrapped on time-outs"
+        f"{summary['bootstrapped_rewards']} rewards bootstrapped"
         if summary["bootstrapped_by_this_run"]
-        else "rewards were already bootstrapped"
+        else "rewards already bootstrapped"
         if summary["timeouts_bootstrapped"]
-        else "no time-out bootstrapping"
+        else "no bootstrapping"
     )
     console.print(
         f"gamma {summary['gamma']}  lambda {summary['lambda']}  normalized {summary['normalized']}  "
-        f"last values: {summary['last_values']}  {bootstrap}"
+        f"last values: {summary['last_values']}"
     )
+    console.print(f"time-outs: {describe(summary['timeouts'], summary['timeouts_from'])}; {bootstrap}")
     console.print(_stats_line("advantages", summary["advantages"]))
     console.print(_stats_line("returns", summary["returns"]))
     console.print(f"done in {summary['seconds']:.2f} s")

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from rolloutcli.cli.common import Common, FileOutputOpt, need_output, with_common
+from rolloutcli.cli.common import Common, FileOutputOpt, Timeouts, need_output, with_common
 
 EXAMPLE = "rolloutcli import d4rl_hopper.hdf5 -o hopper.h5 --max-memory 256M"
 
@@ -29,6 +29,8 @@ def render_import(console: Console, summary: dict[str, Any]) -> None:
         f"import {summary['input']} ({summary['layout']}) -> {summary['output']}: {summary['episodes']} episodes, "
         f"T={summary['T']} steps x N={summary['N']} envs, {len(summary['fields'])} fields"
     )
+    if summary.get("timeouts_rule"):
+        console.print(f"time-out rule: {summary['timeouts_rule']} (written as timeouts_rule)")
     for warning in summary["warnings"]:
         console.print(f"warning: {warning}")
     console.print(f"done in {summary['seconds']:.2f} s")
@@ -41,6 +43,14 @@ def import_command(
     ],
     output: FileOutputOpt = None,
     layout: Annotated[Layout, typer.Option("--from", help="The source's layout (auto: recognise it).")] = Layout.auto,
+    timeouts_rule: Annotated[
+        Timeouts | None,
+        typer.Option(
+            "--timeouts-rule",
+            help="The trainer's time-out rule, written for gae to apply (default: none written; gae then uses rsl).",
+            show_default=False,
+        ),
+    ] = None,
     *,
     common: Common,
 ) -> None:
@@ -48,4 +58,5 @@ def import_command(
     from rolloutcli.pipeline.importer import run_import
 
     output = need_output(output, "import", "an output path (-o OUT.h5)")
-    common.write(render_import, output, run_import, source, output, layout.value)
+    rule = None if timeouts_rule is None else timeouts_rule.value
+    common.write(render_import, output, run_import, source, output, layout.value, timeouts_rule=rule)

@@ -90,6 +90,7 @@ def render_inspect(console: Console, report: dict[str, Any]) -> None:
         console.print(f"hidden state ({net}): {layout['type']}, {layout['layers']} layer(s), size {layout['size']}")
     if report["gae"]:
         console.print("gae: " + ", ".join(f"{k}={v}" for k, v in report["gae"].items()))
+    _timeouts_line(console, report["timeouts"])
     split = report["split"]
     console.print(
         f"split: {split['trajectories']} trajectories, padded to T: {_size(split['padded_bytes'])} "
@@ -100,6 +101,16 @@ def render_inspect(console: Console, report: dict[str, Any]) -> None:
     _attrs_and_nonfinite(console, report)
     for warning in report["warnings"]:
         console.print(Text.assemble(("warning", "yellow"), f": {warning}"))
+
+
+def _timeouts_line(console: Console, timeouts: dict[str, Any]) -> None:
+    """The time-out rule: what an earlier gae applied, else what gae applies without --timeouts, and why."""
+    why = "the file's timeouts_rule" if timeouts["from"] == "file" else "default: the file names none"
+    if timeouts["applied"]:
+        recorded = timeouts["recorded"] or "none"
+        console.print(f"time-out rule: gae applied {timeouts['applied']} (timeouts_rule: {recorded})")
+    else:
+        console.print(f"time-out rule: {timeouts['gae']} ({why})")
 
 
 def _attrs_and_nonfinite(console: Console, report: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 
 from rolloutcli.core.gae_numpy import bootstrap_rewards, gae_arrays
+from rolloutcli.core.timeouts import RULES
 
 __all__ = ["bootstrap_time_outs", "compute_gae", "normalize_advantages"]
 
@@ -49,6 +50,30 @@ def _as_flag(x: torch.Tensor) -> torch.Tensor:
     return (x != 0).view(torch.uint8).contiguous()
 
 
+def _apply_rule(
+    rule: str,
+    r: torch.Tensor,
+    v32: torch.Tensor,
+    d: torch.Tensor,
+    to: torch.Tensor,
+    fv: torch.Tensor | None,
+    gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rewards, dones)`` under a time-out rule: :func:`rolloutcli.core.timeouts.apply_timeouts` (the commands'
+    rules, whose docstring says what each does) on tensors, operation for operation, so both give the same bits."""
+    hit = to != 0
+    if rule == "rsl":
+        return bootstrap_rewards(r, v32, to, gamma), d
+    if rule == "final-value":
+        assert fv is not None
+        final = torch.where(hit, fv, torch.zeros((), dtype=fv.dtype, device=fv.device))  # NaN elsewhere stays out
+        return bootstrap_rewards(r, final, to, gamma), d
+    ended = ((d != 0) | hit).to(torch.uint8)
+    if rule == "proper":
+        return torch.where(hit, v32.to(r.dtype), r), ended
+    return r, ended
+
+
 def _prepare(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -56,27 +81,33 @@ def _prepare(
     last_values: torch.Tensor,
     time_outs: torch.Tensor | None,
     gamma: float,
+    rule: str = "rsl",
+    final_values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Checked contiguous float32 ``r`` (bootstrapped), ``v``, uint8 ``d`` ``[T, N]`` and float32 ``lv`` ``[N]``."""
+    """Checked contiguous float32 ``r`` (under the time-out rule), ``v``, uint8 ``d`` ``[T, N]`` and float32 ``lv``
+    ``[N]``."""
     r = _as_tn(rewards.detach(), "rewards")
     v = _as_tn(values.detach(), "values")
     d = _as_tn(dones.detach(), "dones")
     to = None if time_outs is None else _as_tn(time_outs.detach(), "time_outs")
+    fv = None if final_values is None or to is None else _as_tn(final_values.detach(), "final_values")
     lv = last_values.detach()
     if lv.dim() == 2 and lv.shape[1] == 1:
         lv = lv[:, 0]
     if tuple(lv.shape) != (r.shape[1],):
         raise ValueError(f"last_values: expected shape [{r.shape[1]}] or [{r.shape[1]}, 1], found {list(lv.shape)}")
-    for name, x in (("values", v), ("dones", d), ("time_outs", to), ("last_values", lv)):
+    for name, x in (("values", v), ("dones", d), ("time_outs", to), ("final_values", fv), ("last_values", lv)):
         if x is not None and x.device != r.device:
             raise ValueError(f"all inputs must be on one device, found {r.device} and {x.device}")
         if x is not None and name != "last_values" and x.shape != r.shape:
             raise ValueError(f"{name}: expected shape {list(r.shape)} like rewards, found {list(x.shape)}")
     v32 = _as_float(v, "values")
     r = _as_float(r, "rewards", keep_float64=to is not None)
+    d = _as_flag(d)
     if to is not None:
-        r = bootstrap_rewards(r, v32, to, gamma)
-    return r.to(torch.float32).contiguous(), v32, _as_flag(d), _as_float(lv, "last_values")
+        fv32 = None if fv is None else _as_float(fv, "final_values")
+        r, d = _apply_rule(rule, r, v32, d, to, fv32, gamma)
+    return r.to(torch.float32).contiguous(), v32, d.contiguous(), _as_float(lv, "last_values")
 
 
 def _outputs(r: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,6 +131,8 @@ def compute_gae(
     gamma: float,
     lam: float,
     time_outs: torch.Tensor | None = None,
+    timeouts_rule: str = "rsl",
+    final_values: torch.Tensor | None = None,
     backend: Backend = "auto",
     num_threads: int | None = None,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -107,10 +140,15 @@ def compute_gae(
     """Advantages and returns by RSL-RL's GAE; inputs are never modified.
 
     ``rewards``, ``values``, ``dones`` (nonzero = the episode ended after step ``t``) and ``time_outs`` (nonzero =
-    truncated: RSL-RL's bootstrap is applied to a copy of the rewards first) are ``[T, N]`` or ``[T, N, 1]``;
-    ``last_values`` ``V(s_T)`` is ``[N]`` or ``[N, 1]``. ``backend``: ``"cpu"`` (the exact kernel), ``"torch"``
-    (the scan, any device) or ``"auto"``. ``num_threads`` never changes a bit. ``out``: optional contiguous float32
-    ``(advantages, returns)`` buffers on the inputs' device, not overlapping them.
+    the trainer bootstrapped there) are ``[T, N]`` or ``[T, N, 1]``; ``last_values`` ``V(s_T)`` is ``[N]`` or
+    ``[N, 1]``. ``timeouts_rule`` says what a time-out does, as ``rolloutcli gae --timeouts`` (same bits):
+    ``"rsl"`` (RSL-RL: ``r += gamma * V(s_t)`` on a copy of the rewards), ``"final-value"`` (SB3, TorchRL:
+    ``r += gamma * final_values``, V of the observation that ended the episode, ``[T, N]``, read only at time-outs),
+    ``"proper"`` (ikostrikov's ``use_proper_time_limits``: advantage 0, return ``V(s_t)`` there), ``"ignore"`` (a
+    time-out ends the episode like a termination). Without ``time_outs`` every rule gives the same result.
+    ``backend``: ``"cpu"`` (the exact kernel), ``"torch"`` (the scan, any device) or ``"auto"``. ``num_threads``
+    never changes a bit. ``out``: optional contiguous float32 ``(advantages, returns)`` buffers on the inputs'
+    device, not overlapping them.
 
     Returns ``(advantages, returns)``, float32 ``[T, N]``, not normalised; ``advantages = returns - values``.
     """
@@ -119,7 +157,11 @@ def compute_gae(
             raise ValueError(f"{name}: expected a number in [0, 1], found {value}")
     if backend not in ("auto", "cpu", "torch"):
         raise ValueError(f"backend: expected 'auto', 'cpu' or 'torch', found {backend!r}")
-    r, v, d, lv = _prepare(rewards, values, dones, last_values, time_outs, gamma)
+    if timeouts_rule not in RULES:
+        raise ValueError(f"timeouts_rule: expected one of {', '.join(map(repr, RULES))}, found {timeouts_rule!r}")
+    if timeouts_rule == "final-value" and time_outs is not None and final_values is None:
+        raise ValueError("final_values: expected a [T, N] tensor for timeouts_rule='final-value', found None")
+    r, v, d, lv = _prepare(rewards, values, dones, last_values, time_outs, gamma, timeouts_rule, final_values)
     adv, ret = _outputs(r, out)
     if backend == "auto":
         backend = "cpu" if r.device.type == "cpu" else "torch"

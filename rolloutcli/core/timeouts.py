@@ -21,6 +21,18 @@ from rolloutcli.core.gae_numpy import bootstrap_rewards
 
 RULES = ("rsl", "final-value", "proper", "ignore")
 BOOTSTRAPPING = ("rsl", "final-value")  # the rules whose rewards hold a bootstrap (written as ``rewards``)
+DEFAULT_RULE = "rsl"  # the 1.1 default, applied where neither the user nor the file names a rule
+
+
+def decide_rule(explicit: str | None, recorded: str | None) -> tuple[str, str]:
+    """``(rule, source)``: the rule ``gae`` applies and where it came from, in the contract's order (1.2): the
+    user's ``explicit`` option (``"option"``), the file's ``timeouts_rule`` attribute (``"file"``), else
+    :data:`DEFAULT_RULE` (``"default"``)."""
+    if explicit is not None:
+        return explicit, "option"
+    if recorded is not None:
+        return recorded, "file"
+    return DEFAULT_RULE, "default"
 
 
 def apply_timeouts(

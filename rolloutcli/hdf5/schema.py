@@ -18,7 +18,7 @@ from rolloutcli.errors import problem_line
 from rolloutcli.fields import ENV, EXTRA, FIELDS, HIDDEN, STEP, Field, field_of
 
 FORMAT_NAME = "rollout"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1.2  # the contract version written (1.2: timeouts_rule); every reader accepts 1, 1.1 and 1.2
 REFERENCE_FIELD = "rewards"  # T and N come from here; every other field is checked against it
 
 

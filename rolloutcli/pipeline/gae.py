@@ -8,7 +8,7 @@ rounded moments of all advantages, so the bytes never depend on ``--max-memory``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +16,14 @@ import numpy as np
 
 from rolloutcli.core.gae_numpy import gae_arrays, normalize_array
 from rolloutcli.core.moments import ExactMoments
-from rolloutcli.core.timeouts import BOOTSTRAPPING, apply_timeouts
+from rolloutcli.core.timeouts import BOOTSTRAPPING, apply_timeouts, decide_rule
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
 from rolloutcli.hdf5.filecopy import OpenCopy
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.derive import Derived, run_derive
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
+from rolloutcli.pipeline.timeouts_rule import DEFAULT_NOTE, recorded_rule
 
 WRITTEN = ("advantages", "returns")
 
@@ -31,8 +32,8 @@ WRITTEN = ("advantages", "returns")
 class GaeOptions:
     """What ``gae`` computes; ``bootstrap_timeouts`` None: when ``time_outs`` exists; ``last_values``
     ``"recorded"`` (require the dataset) or ``"zero"`` (the rollout end is terminal); ``timeouts``: the
-    time-out rule (:mod:`rolloutcli.core.timeouts`), None: from ``bootstrap_timeouts`` (True/None ``rsl``,
-    False ``ignore``)."""
+    time-out rule (:mod:`rolloutcli.core.timeouts`), None: from ``bootstrap_timeouts`` (True ``rsl``, False
+    ``ignore``), else from the file (:func:`applied_options`)."""
 
     gamma: float = 0.99
     lam: float = 0.95
@@ -48,9 +49,22 @@ class GaeOptions:
         return "ignore" if self.bootstrap_timeouts is False else "rsl"
 
     @property
+    def explicit(self) -> str | None:
+        """The rule the user named (``--timeouts`` or its aliases), None when not named."""
+        return None if self.timeouts is None and self.bootstrap_timeouts is None else self.rule
+
+    @property
     def requires_time_outs(self) -> bool:
         """Asked for a rule that needs ``time_outs`` (not the default, which applies when they exist)."""
         return self.rule != "ignore" and (self.timeouts is not None or bool(self.bootstrap_timeouts))
+
+
+def applied_options(reader: RolloutReader, options: GaeOptions) -> tuple[GaeOptions, str]:
+    """The options with the rule ``gae`` applies to this file and where it came from (``option``, ``file``:
+    its ``timeouts_rule``, ``default``); the same on a ``gae`` output, whose ``gae_timeouts`` only records."""
+    explicit = options.explicit  # when given, the file's attribute is not read (not even checked)
+    rule, source = decide_rule(explicit, None if explicit else recorded_rule(reader.path, reader.schema.attrs))
+    return (replace(options, timeouts=rule) if source == "file" else options), source
 
 
 @dataclass(frozen=True)
@@ -78,16 +92,21 @@ def run_gae(
     progress = progress or Progress()
 
     def make(reader: RolloutReader) -> Derived:
-        _check_fields(reader, options)
-        return _Gae(reader, options, _plan_rewards(reader, options), progress).derived()
+        applied, source = applied_options(reader, options)
+        _check_fields(reader, applied, source)
+        return _Gae(reader, applied, _plan_rewards(reader, applied), progress, source).derived()
 
     return run_derive(src, dst, make, run, name="gae", overwrite=overwrite, in_place=in_place, progress=progress)
 
 
-def _check_fields(reader: RolloutReader, options: GaeOptions) -> None:
-    """Everything GAE needs is there (every problem at once, exit 1)."""
+def _check_fields(reader: RolloutReader, options: GaeOptions, source: str) -> None:
+    """Everything GAE needs is there (every problem at once, exit 1). A rule from the file acts on the
+    time-outs where there are any, as the default does."""
     fields, recorded = reader.schema.fields, options.last_values == "recorded"
     rule, named = options.rule, "--bootstrap-timeouts" if options.timeouts is None else f"--timeouts {options.rule}"
+    if source == "file":
+        named = f"the file's timeouts_rule {rule}"
+    acts = source == "option" or "time_outs" in fields
     missing = [
         (
             "values",
@@ -104,15 +123,15 @@ def _check_fields(reader: RolloutReader, options: GaeOptions) -> None:
         ),
         (
             "time_outs",
-            options.requires_time_outs and "time_outs" not in fields,
+            options.requires_time_outs and source == "option" and "time_outs" not in fields,
             f"a dataset [T, N] for {named}",
             "Record time-outs, or pass "
             + ("--no-bootstrap-timeouts." if options.timeouts is None else "--timeouts ignore."),
         ),
         (
             "final_values",
-            rule == "final-value" and "final_values" not in fields,
-            "a dataset [T, N] of V(final observation) for --timeouts final-value",
+            acts and rule == "final-value" and "final_values" not in fields,
+            f"a dataset [T, N] of V(final observation) for {named}",
             "Record final values (the critic on the observation that ended the episode), or pass --timeouts rsl.",
         ),
     ]
@@ -206,8 +225,11 @@ def _block_inputs(
 class _Gae:
     """GAE as a derive job: pass 1 per env block, then (when normalising) ``(A - mean) / (std + 1e-8)``."""
 
-    def __init__(self, reader: RolloutReader, options: GaeOptions, rewards: _Rewards, progress: Progress) -> None:
+    def __init__(
+        self, reader: RolloutReader, options: GaeOptions, rewards: _Rewards, progress: Progress, source: str
+    ) -> None:
         self.reader, self.options, self.rewards, self.progress = reader, options, rewards, progress
+        self.source = source  # where the time-out rule came from (applied_options)
         as_read = rewards.raw is None and not rewards.bootstrap  # else _block_inputs reads them in their own dtype
         self.needed = ["values", "dones"] + (["rewards"] if as_read else [])
         if "time_outs" in reader.schema.fields and (rewards.bootstrap or options.rule not in BOOTSTRAPPING):
@@ -251,6 +273,8 @@ class _Gae:
                 self.progress.start("normalize", len(blocks))
             moments = _normalize(out, blocks, self.kept, self.raw, self.progress)
         _set_attributes(out, self.rewards, options, self.raw)
+        if self.source == "default" and "time_outs" in self.reader.schema.fields:  # the rule acted: say which
+            self.progress.warn(DEFAULT_NOTE.format(path=self.reader.path))  # once written: a failure says only it
         return {
             "gamma": options.gamma,
             "lambda": options.lam,
@@ -260,6 +284,7 @@ class _Gae:
             "last_values": options.last_values,
             "bootstrapped_rewards": self.bootstrapped,
             "timeouts": options.rule,
+            "timeouts_from": self.source,
             "advantages": moments.as_dict(),
             "returns": self.returns.as_dict(),
             "advantages_raw_mean": _number(self.raw.mean) if options.normalize else None,

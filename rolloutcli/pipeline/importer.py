@@ -140,9 +140,17 @@ def _plan(src: Path, source: Any, wanted: str, meta: dict[str, Any]) -> Plan:
 
 
 def run_import(
-    src: Path, dst: Path, layout: str, run: RunOptions, *, overwrite: bool = False, progress: Progress | None = None
+    src: Path,
+    dst: Path,
+    layout: str,
+    run: RunOptions,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    timeouts_rule: str | None = None,
 ) -> dict[str, Any]:
-    """Import ``src`` (a file or a Minari dataset folder) into the rollout file ``dst``; the summary."""
+    """Import ``src`` (a file or a Minari dataset folder) into the rollout file ``dst``; the summary.
+    ``timeouts_rule``: the trainer's time-out rule, written as the root attribute (none: the source does not say)."""
     if layout != "auto" and layout not in LAYOUTS:
         raise RolloutError(f"--from: expected auto or {', '.join(LAYOUTS)}, found '{layout}'.", exit_code=EXIT_USAGE)
     progress = progress or Progress()
@@ -166,6 +174,7 @@ def run_import(
                         "imported_from": plan.layout,
                         "source_file": os.path.basename(src),
                         **plan.attrs,
+                        "timeouts_rule": timeouts_rule,  # None: not written
                     }
                 )
             warnings = notes + _check_output(src, tmp, run)
@@ -178,6 +187,7 @@ def run_import(
         "episodes": plan.episodes,
         "fields": sorted({*plan.datasets, *_computed_names(plan), *plan.verbatim.values()}),
         "recorded_from_reset": bool(plan.attrs.get("recorded_from_reset", False)),
+        "timeouts_rule": timeouts_rule,
         "bytes_written": os.path.getsize(dst),
         "warnings": warnings,
     }

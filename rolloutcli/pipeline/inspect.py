@@ -19,6 +19,7 @@ from rolloutcli.pipeline.inspect_tree import env_major_warnings, folder_report, 
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.per_dim import per_dim_report, scan_per_dim
 from rolloutcli.pipeline.progress import Progress
+from rolloutcli.pipeline.timeouts_rule import report as timeouts_report
 
 BLOWUP_WARNING = 10.0  # padded size / input size above which split warns
 GAE_ATTRS = ("gae_gamma", "gae_lambda", "advantages_normalized", "timeouts_bootstrapped", "last_values_mode")
@@ -96,6 +97,8 @@ def _report(
     input_bytes, padded_bytes = padded_split_bytes(reader, episodes.trajectories)
     blowup = padded_bytes / max(input_bytes, 1)
     gae = {k: schema.attrs[k] for k in GAE_ATTRS if k in schema.attrs}
+    timeouts, bad_rule = timeouts_report(path, schema.attrs)
+    warnings.extend(bad_rule)
     warnings.extend(_warnings(reader, blowup, gae))
     warnings.extend(env_major_warnings(path, schema.T, episodes.per_env, schema.attrs))
     extra = {"per_dim": per_dim_report(scan_per_dim(reader, progress))} if per_dim else {}
@@ -126,6 +129,7 @@ def _report(
         **{name: moments[name].as_dict() if name in moments else None for name in MOMENT_FIELDS},
         "hidden_states": hidden_layout(reader),
         "gae": gae or None,
+        "timeouts": timeouts,
         "split": {
             "trajectories": episodes.trajectories,
             "input_bytes": input_bytes,

@@ -7,15 +7,17 @@ from typing import Any
 
 import numpy as np
 
+from rolloutcli.core.timeouts import RULES
 from rolloutcli.errors import RolloutError
 from rolloutcli.fields import BY_NAME
+from rolloutcli.hdf5.schema import FORMAT_VERSION
 
 # root attributes the format gives meaning to, or the writer's own parameters set: -> how to set them instead
 RESERVED = {
     "rolloutcli_format": "It is reserved: the writer sets it. Remove it from attrs.",
     "format_version": "It is reserved: the writer sets it. Remove it from attrs.",
     "timeouts_bootstrapped": "It is reserved: the writer records raw rewards (False). Remove it from attrs.",
-    "timeouts_rule": "It is reserved: the format gives it meaning. Remove it from attrs.",
+    "timeouts_rule": "Pass timeouts_rule=... to RolloutWriter instead.",
     "recording_id": "It is reserved: the format gives it meaning. Remove it from attrs.",
     "recording_index": "It is reserved: the format gives it meaning. Remove it from attrs.",
     "versions": "It is reserved: the writer sets it. Remove it from attrs.",
@@ -25,6 +27,20 @@ RESERVED = {
     "recorder": "Pass recorder=... to RolloutWriter instead.",
 }
 NONFINITE_FIX = "Fix the reward or critic, or pass allow_nonfinite=True to keep them (gae then refuses the file)."
+
+
+def format_attrs(path: object, timeouts_rule: str | None) -> dict[str, Any]:
+    """The root attributes of the format a writer stamps: ``format_version`` (1.2: the version that defines
+    ``timeouts_rule``) and ``timeouts_rule`` when given (the trainer's time-out rule, one of ``RULES``)."""
+    if timeouts_rule is not None and timeouts_rule not in RULES:
+        raise RolloutError.field(
+            path,
+            "timeouts_rule",
+            f"one of {', '.join(RULES)} or None",
+            repr(timeouts_rule),
+            "Name your trainer's.",
+        )
+    return {"rolloutcli_format": "rollout", "format_version": FORMAT_VERSION, "timeouts_rule": timeouts_rule}
 
 
 def check_attrs(path: object, attrs: dict[str, Any]) -> None:

@@ -126,6 +126,7 @@ class RecordRollouts(gym.vector.VectorWrapper):
                 gamma=self.gamma,
                 recorded_from_reset=self._from_reset and not self._pending.any(),
                 recorder="rolloutcli.record.gym.RecordRollouts",
+                timeouts_rule="final-value",  # gymnasium trainers bootstrap a truncation from the final observation
                 overwrite=True,
             )
             self._from_reset = False

@@ -230,6 +230,7 @@ class RslRlRecorder:
                 "gamma": float(self.alg.gamma),
                 "lam": float(self.alg.lam),
                 "recorder": RECORDER,
+                "timeouts_rule": "rsl",  # RSL-RL: r += gamma * V(s_t) where extras["time_outs"]
                 "attrs": self._attrs(),
                 "overwrite": True,
             },

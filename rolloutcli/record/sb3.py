@@ -48,6 +48,7 @@ class RolloutRecorderCallback(BaseCallback):
             gamma=float(model.gamma),
             lam=float(getattr(model, "gae_lambda", 1.0)),
             recorder="rolloutcli.record.sb3.RolloutRecorderCallback",
+            timeouts_rule="final-value",  # collect_rollouts: r += gamma * V(terminal_observation)
             overwrite=True,
         )
 

@@ -59,6 +59,7 @@ def write_tensordict(
         gamma=gamma,
         lam=lam,
         recorder="rolloutcli.record.torchrl.write_tensordict",
+        timeouts_rule="final-value",  # the value estimators bootstrap a truncation from ("next", value)
         overwrite=overwrite,
     )
     with writer:

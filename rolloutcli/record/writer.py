@@ -75,12 +75,12 @@ class RolloutWriter:
     """Write a rollout file step by step: ``add(step)`` per step, then ``close(last_values=...)``.
 
     ``num_steps``: the most steps accepted (None: any). ``compression``: None, ``"gzip"`` or ``"lzf"``.
-    ``gamma``/``lam`` (when given) and ``attrs`` are stored as root attributes (``attrs`` may not set those the
-    writer or the format sets: ``rolloutcli_format``, ``format_version``, ``timeouts_bootstrapped``, ...);
-    ``recorded_from_reset``: every env's first step starts an episode. NaN/Inf in ``rewards``, ``values``,
-    ``final_values`` (at done steps) or ``last_values`` is refused, naming the step and env, unless
-    ``allow_nonfinite`` (kept as given; ``gae`` then refuses the file). Usable as a context manager: an exception
-    inside discards the file.
+    ``gamma``/``lam`` (when given) and ``attrs`` are root attributes (``attrs`` may not set those the writer or the
+    format sets: ``format_version``, ``timeouts_bootstrapped``, ...); ``recorded_from_reset``: every env's first
+    step starts an episode; ``timeouts_rule``: the trainer's time-out rule (``rsl``, ``final-value``, ``proper``,
+    ``ignore``; None: none written). NaN/Inf in ``rewards``, ``values``, ``final_values`` (at done steps) or
+    ``last_values`` is refused, naming the step and env, unless ``allow_nonfinite`` (kept as given; ``gae`` then
+    refuses the file). Usable as a context manager: an exception inside discards the file.
     """
 
     def __init__(
@@ -94,6 +94,7 @@ class RolloutWriter:
         lam: float | None = None,
         recorded_from_reset: bool = False,
         recorder: str = "rolloutcli.record.RolloutWriter",
+        timeouts_rule: str | None = None,
         attrs: dict[str, Any] | None = None,
         overwrite: bool = False,
         allow_nonfinite: bool = False,
@@ -111,8 +112,7 @@ class RolloutWriter:
         self._start = 0  # the step of the block's first row
         self._order: list[str] = []
         root = {
-            "rolloutcli_format": "rollout",
-            "format_version": 1,
+            **checks.format_attrs(path, timeouts_rule),
             "recorder": recorder,
             "versions": _versions(),
             "gamma": gamma,
