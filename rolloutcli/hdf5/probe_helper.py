@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutcli.errors import RolloutError
+from rolloutcli.pipeline.lifeline import die_with_parent, loaded_prctl
 
 VLEN_PROBE_BYTES = 64 << 20  # variable-length datasets up to this declared size are read by the probe
 PROBER_SLACK = 5.0  # seconds past a file's alarm before the helper kills a prober that is still alive itself
@@ -101,12 +102,17 @@ class _Prober:
     def __init__(self) -> None:
         # the socket pair is made and the prober's end closed under the lock, so no other prober forked by another
         # thread holds a copy of that end: its end-of-file here then means this prober has ended
+        helper = os.getpid()
+        loaded_prctl()  # here, not in the child: see there
         with _FORK:
             self.connection, theirs = Pipe()
             pid = os.fork()
             if pid != 0:
                 theirs.close()
         if pid == 0:
+            # killed with the helper, which may itself be killed (a prober forked later holds a copy of the
+            # helper's end of this one's pipe: no end-of-file would come); this thread outlives the prober
+            die_with_parent(helper)
             self.connection.close()
             _read_requests(theirs)
         self.pid, self.ended = pid, False
