@@ -1,5 +1,6 @@
 """A command SIGKILLed (or crashed) takes every process it started with it: its pool's process server, resource
-tracker and workers, the probe helpers and their probers, and closes its stderr (a pipe reading it ends).
+tracker and workers, the probe helpers and their probers, and closes its stderr (a pipe reading it ends); under
+``--engine ray`` with a local cluster it started, a SIGTERM is still the command's own (exit 143, its line).
 
 Before: SIGKILL of a ``--workers 2`` run left the tracker, the server, both workers and their probe helpers
 running for ever, ignoring SIGTERM, and a pipe reading the command's stderr never ended. The processes of a
@@ -23,6 +24,8 @@ from pathlib import Path
 import pytest
 from rollout_factory import rollout_arrays, write_rollout
 
+from rolloutcli.hdf5.atomic import TEMP_MARKER
+from rolloutcli.pipeline.dataset_job import partial_folder
 from rolloutcli.pipeline.progress import TEST_PAUSE_ENV
 
 TAG_ENV = "ROLLOUTCLI_TEST_KILL_TAG"  # no rolloutcli code reads it: it only marks the command's processes
@@ -148,3 +151,27 @@ def test_every_process_of_a_sigkilled_command_ends_and_its_stderr_closes(
     assert run.left == {}, f"left {run.seconds:.1f} s after the kill: {run.left}"
     assert run.closed
 
+
+def test_sigterm_under_a_local_ray_cluster_is_the_commands_own(runs: Path, tmp_path: Path) -> None:
+    """``--engine ray`` without ``--address``: the command starts a local cluster, and Ray replaces the SIGTERM
+    handler (in Python and below it, in its core worker). Before: no ``terminated:`` line, exit 15 or an abort
+    (-6) with Ray's stack dump. Now: exit 143, the line last, the temporaries of the units it stopped removed,
+    and no process of the command's cluster left."""
+    pytest.importorskip("ray")
+    out = tmp_path / "out"
+    partial = partial_folder(out)
+
+    def writing(run: Killed) -> bool:  # a unit paused mid-write by the test hook: its temporary exists
+        return partial.is_dir() and any(TEMP_MARKER in path.name for path in partial.rglob("*"))
+
+    run = Killed(["gae", str(runs), "-o", str(out), "--engine", "ray"], {TEST_PAUSE_ENV: "60", "RAY_ADDRESS": None})
+    try:
+        assert run.when(writing, timeout=180), run.seen.decode(errors="replace")[-2000:]
+        os.kill(run.process.pid, signal.SIGTERM)
+        code = run.process.wait(timeout=120)
+    finally:
+        run.kill()  # (it ended: nothing to kill) its processes gone, its stderr read to the end
+    lines = run.seen.decode(errors="replace").strip().splitlines()
+    assert (code, lines[-1]) == (143, "terminated: no output was written (temporary files removed)."), lines[-12:]
+    assert not os.path.lexists(partial) and not os.path.lexists(out)
+    assert run.left == {} and run.closed

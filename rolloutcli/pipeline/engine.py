@@ -13,7 +13,6 @@ import multiprocessing
 import os
 import secrets
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -23,13 +22,14 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError, stop_if_signalled
+from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError, signals_held, stop_if_signalled
+from rolloutcli.pipeline import ray_connect
 from rolloutcli.pipeline.preload import server_preload, start_server, start_tracker
+from rolloutcli.pipeline.ray_connect import import_ray  # noqa: F401 - the engines' API
 
 ENGINES = ("local", "ray")
-RAY_INSTALL = 'pip install "rolloutcli[ray]"'
-RAY_TIMEOUT_S = 10.0  # an unreachable --address is reported within this
 RETRIES = 3  # Ray task retries (units are pure: a retry rewrites the same bytes)
+RAY_WAIT_S = 0.25  # the driver looks at a noted signal at least this often while Ray's wait blocks
 
 Unit = tuple[Callable[..., Any], tuple[Any, ...]]  # (module-level function, its arguments): picklable
 STOP_ENV = "ROLLOUTCLI_STOP_FILE"  # a local pool's failed run: its driver creates this file
@@ -208,6 +208,7 @@ def close_pools() -> None:
         _WARMING.pop().join(CLOSE_GRACE_S)  # a daemon thread; its futures end when the pool is shut
     while _POOLS:
         _shut(_POOLS.popitem()[1])
+    ray_connect.shutdown()  # a local Ray cluster the command started, with its processes
 
 
 def _shut(pool: ProcessPoolExecutor) -> None:
@@ -317,56 +318,9 @@ def _stop(path: str, futures: Iterable[Future[Any]]) -> None:
             future.cancel()
 
 
-def import_ray() -> Any:
-    """``ray``, or exit 2 saying how to install it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise RolloutError(
-            f"--engine ray: expected Ray to be installed, found none. Install it: {RAY_INSTALL}", exit_code=EXIT_USAGE
-        ) from exc
-    return ray
-
-
-def _unreachable(address: str, why: object) -> RolloutError:
-    return RolloutError(
-        f"{address}: cannot reach the Ray cluster ({why}). Check --address (auto, host:6379, ray://host:10001) "
-        "and that the cluster runs.",
-        exit_code=EXIT_IO,
-    )
-
-
-def _probe(address: str) -> None:
-    """Connect to ``host:port`` within ``RAY_TIMEOUT_S``: Ray itself retries an absent cluster for minutes."""
-    if address == "auto":
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=RAY_TIMEOUT_S):
-            pass
-    except ValueError:
-        raise _unreachable(address, "expected host:port") from None
-    except OSError as exc:
-        raise _unreachable(address, exc.strerror or exc) from exc
-
-
 def connect_ray(options: EngineOptions) -> Any:
-    """``ray`` connected to ``--address`` (or a new local cluster); unreachable: exit 3 naming the address."""
-    ray = import_ray()
-    address = options.address
-    if address is not None:
-        _probe(address)
-    if ray.is_initialized():
-        return ray
-    env = {"env_vars": options.env()} if options.env() else None
-    try:
-        if address is None:
-            ray.init(include_dashboard=False, runtime_env=env, log_to_driver=False)
-        else:
-            ray.init(address=address, runtime_env=env, log_to_driver=False)
-    except (ConnectionError, TimeoutError) as exc:
-        raise _unreachable(str(address), str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
-    return ray
+    """``ray`` connected to ``--address`` (or a new local cluster, the command's own: ``close_pools`` ends it)."""
+    return ray_connect.connect(options.address, options.env())
 
 
 def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
@@ -380,10 +334,13 @@ def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[
     pending = list(refs)
     try:
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            with signals_held():  # Ray's wait runs the handler itself, and broke when it raised
+                ready, pending = ray.wait(pending, num_returns=1, timeout=RAY_WAIT_S)
+            stop_if_signalled()
             for ref in ready:
                 try:
-                    result = ray.get(ref)
+                    with signals_held():
+                        result = ray.get(ref)
                 except ray.exceptions.RayError as exc:  # a task that failed past its retries, or a lost node
                     raise RolloutError(
                         f"--engine ray: a task failed past {RETRIES} retries ({type(exc).__name__}); nothing was "
@@ -392,8 +349,9 @@ def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[
                     ) from exc
                 finished(index[ref], result)
     except BaseException:
-        for ref in pending:
-            ray.cancel(ref)
-        if pending:
-            ray.wait(pending, num_returns=len(pending), timeout=CLOSE_GRACE_S)
+        with signals_held():
+            for ref in pending:
+                ray.cancel(ref)
+            if pending:
+                ray.wait(pending, num_returns=len(pending), timeout=CLOSE_GRACE_S)
         raise

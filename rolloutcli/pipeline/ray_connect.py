@@ -1,0 +1,125 @@
+"""``--engine ray``'s connection: to the cluster at ``--address``, or to a local cluster the command starts itself.
+
+``ray.init`` replaces the process's SIGTERM handler with its own: Python's (``sys.exit(15)``) and, below
+Python, its core worker's (a C++ handler that printed a stack and aborted): the command exited 15 or -6 with no
+``terminated:`` line, its temporaries left in place. So the handlers in place before ``ray.init`` (the command's: exit 143, the line,
+temporaries removed) are put back once it returns. A local cluster the command started is its own, and so are
+its processes (GCS, raylet, workers, agents): ``shutdown`` ends them when the command's units are done, failed
+or stopped; a cluster at ``--address``, or a Ray the embedding program had initialised, is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+from typing import Any
+
+from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError, signals_held, stop_if_signalled
+
+RAY_INSTALL = 'pip install "rolloutcli[ray]"'
+RAY_TIMEOUT_S = 10.0  # an unreachable --address is reported within this
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_OWNED: list[Any] = []  # the ray module, when this process's ``connect`` initialised it (its to shut down)
+
+
+def import_ray() -> Any:
+    """``ray``, or exit 2 saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise RolloutError(
+            f"--engine ray: expected Ray to be installed, found none. Install it: {RAY_INSTALL}", exit_code=EXIT_USAGE
+        ) from exc
+    return ray
+
+
+def _unreachable(address: str, why: object) -> RolloutError:
+    return RolloutError(
+        f"{address}: cannot reach the Ray cluster ({why}). Check --address (auto, host:6379, ray://host:10001) "
+        "and that the cluster runs.",
+        exit_code=EXIT_IO,
+    )
+
+
+def _probe(address: str) -> None:
+    """Connect to ``host:port`` within ``RAY_TIMEOUT_S``: Ray itself retries an absent cluster for minutes."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=RAY_TIMEOUT_S):
+            pass
+    except ValueError:
+        raise _unreachable(address, "expected host:port") from None
+    except OSError as exc:
+        raise _unreachable(address, exc.strerror or exc) from exc
+
+
+def connect(address: str | None, env: dict[str, str]) -> Any:
+    """``ray`` connected to ``address`` (None: a new local cluster), each worker given ``env``; unreachable:
+    exit 3 naming the address. This process's signal handlers are the same after as before."""
+    ray = import_ray()
+    if address is not None:
+        _probe(address)
+    if ray.is_initialized():
+        return ray
+    runtime = {"env_vars": env} if env else None
+    _OWNED.append(ray)  # before: a signal inside ray.init may leave a local cluster half started
+    with _handlers_kept(ray), signals_held():  # a signal meanwhile: raised once ray.init returned
+        try:
+            if address is None:
+                ray.init(include_dashboard=False, runtime_env=runtime, log_to_driver=False)
+            else:
+                ray.init(address=address, runtime_env=runtime, log_to_driver=False)
+        except (ConnectionError, TimeoutError) as exc:
+            raise _unreachable(str(address), str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    stop_if_signalled()
+    return ray
+
+
+@contextlib.contextmanager
+def _handlers_kept(ray: Any) -> Any:
+    """Keep this process's handlers of ``SIGNALS`` through the block: Ray's way of setting its own is made to do
+    nothing meanwhile (a private function: a signal during ``ray.init``, seconds for a local cluster, then finds
+    the command's), and what was replaced all the same is put back after. Only the main thread has handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    setter = getattr(utils, "set_sigterm_handler", None)
+    if setter is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        if setter is not None:
+            utils.set_sigterm_handler = setter
+        for sig, handler in handlers.items():  # set again even where Python still names it: Ray's core worker
+            if handler is not None:  # replaced SIGTERM's below Python (a C++ handler that aborted, exit -6)
+                signal.signal(sig, handler)
+
+
+def shutdown() -> None:
+    """Disconnect from the Ray this process initialised: a local cluster it started ends with its processes
+    (Ray's ``shutdown`` kills only the processes this process started). Signals are ignored meanwhile: a second
+    Ctrl-C must not leave half of the cluster running."""
+    while _OWNED:
+        ray = _OWNED.pop()
+        main = threading.current_thread() is threading.main_thread()
+        handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SIGNALS} if main else {}
+        try:
+            with contextlib.suppress(Exception):  # a cluster already gone: nothing of it left to end
+                _shutdown(ray)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+
+def _shutdown(ray: Any) -> None:
+    try:
+        ray.shutdown(wait_for_processes=True)  # returns once its GCS and raylet ended (the raylet ends its workers)
+    except TypeError:  # a Ray before 2.50: no waiting
+        ray.shutdown()
