@@ -5,6 +5,7 @@ FIFO. Before: a RecursionError traceback, a hang, the planted file or the symlin
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,12 +14,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_datasets import _split_failing_last, runs, tree  # noqa: F401 - runs: the fixture
+from rollout_factory import rollout_arrays, write_rollout
+from test_datasets import _split_failing_last, tree
 
 from rolloutcli.pipeline.dataset_job import partial_folder
 from rolloutcli.pipeline.dataset_journal import JOURNAL, MAX_DEPTH, RECORD
 
-REPO = Path(__file__).resolve().parent.parent
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    """test_datasets' three files (``_split_failing_last`` fails on r2.h5, the last)."""
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    for name, (T, N, seed) in {"a/r1.h5": (12, 3, 1), "r0.h5": (20, 2, 2), "r2.h5": (12, 4, 3)}.items():
+        write_rollout(tmp_path / "runs" / name, rollout_arrays(T=T, N=N, seed=seed))
+    return tmp_path / "runs"
 
 
 def _deep_record(partial: Path, outside: Path) -> None:
@@ -50,6 +59,16 @@ def _planted(name: str) -> Callable[[Path, Path], None]:
         (partial / name).write_text("#!/bin/sh\necho planted\n")
 
     return make
+
+
+def _folder_at_an_output(partial: Path, outside: Path) -> None:
+    (partial / "r2.h5").mkdir()  # the output not yet done
+    (partial / "r2.h5" / "x").write_text("planted")
+
+
+def _file_at_a_folder(partial: Path, outside: Path) -> None:
+    shutil.rmtree(partial / "a")
+    (partial / "a").write_text("planted")
 
 
 def _symlinked_journal(partial: Path, outside: Path) -> None:
@@ -88,6 +107,8 @@ HOSTILE = {
     "file planted": (_planted("run-me.sh"), 4, "run-me.sh: a file in the partial folder that is no output"),
     "file planted in a folder": (_planted("x/y.h5"), 4, "x: a folder in the partial folder that is no output"),
     "file planted beside an output": (_planted("a/r9.h5"), 4, "a/r9.h5: a file in the partial folder"),
+    "folder at an output's name": (_folder_at_an_output, 4, "r2.h5: a folder in the partial folder"),
+    "file at a folder's name": (_file_at_a_folder, 4, "a: a file in the partial folder"),
     "subfolder a symlink": (_symlinked_subfolder, 4, "a: a symlink in the partial folder"),
     "output a symlink": (_symlinked_output, 4, "r0.h5: a symlink in the partial folder"),
     "partial folder a symlink": (_symlinked_partial, 4, "the partial folder is a symlink"),
@@ -97,7 +118,9 @@ HOSTILE = {
 
 @pytest.mark.parametrize("case", HOSTILE)
 def test_a_hostile_partial_folder_is_refused_in_one_line_and_nothing_is_published(
-    runs: Path, tmp_path: Path, case: str  # noqa: F811
+    runs: Path,
+    tmp_path: Path,
+    case: str,
 ) -> None:
     change, code, says = HOSTILE[case]
     out, outside = tmp_path / "res", tmp_path / "outside"
@@ -112,7 +135,6 @@ def test_a_hostile_partial_folder_is_refused_in_one_line_and_nothing_is_publishe
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
     )
     lines = done.stderr.strip().splitlines()
     assert (done.returncode, len(lines)) == (code, 1), done.stderr
@@ -122,7 +144,7 @@ def test_a_hostile_partial_folder_is_refused_in_one_line_and_nothing_is_publishe
     assert os.path.lexists(partial)  # kept as found, planted files included: not the run's to delete
 
 
-def test_a_journal_line_nested_deep_is_ignored_as_a_garbled_line(runs: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_journal_line_nested_deep_is_ignored_as_a_garbled_line(runs: Path, tmp_path: Path) -> None:
     out = tmp_path / "res"
     _split_failing_last(runs, out)
     with open(partial_folder(out) / JOURNAL, "ab") as journal:
@@ -138,7 +160,7 @@ def test_a_journal_line_nested_deep_is_ignored_as_a_garbled_line(runs: Path, tmp
     assert fresh.returncode == 0 and tree(out) == tree(tmp_path / "fresh")
 
 
-def test_the_output_of_an_input_removed_since_is_dropped_not_refused(runs: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_the_output_of_an_input_removed_since_is_dropped_not_refused(runs: Path, tmp_path: Path) -> None:
     """An output an earlier run wrote for an input no longer in the dataset (still as recorded: the run's own)
     is removed before publishing; it is not refused as planted."""
     out = tmp_path / "res"
@@ -153,3 +175,20 @@ def test_the_output_of_an_input_removed_since_is_dropped_not_refused(runs: Path,
     )
     assert done.returncode == 0, done.stderr
     assert sorted(tree(out)) == ["a/r1.h5", "dataset.json", "r2.h5"]
+
+
+def test_a_planted_file_moved_out_the_resumed_run_keeps_every_output(runs: Path, tmp_path: Path) -> None:
+    """Refused at publishing (every output done), the folder keeps its record: once the planted file is moved
+    out, --resume keeps all outputs and publishes them."""
+    out = tmp_path / "res"
+    _split_failing_last(runs, out)
+    partial = partial_folder(out)
+    _planted("run-me.sh")(partial, tmp_path)
+    argv = [sys.executable, "-m", "rolloutcli", "split", str(runs), "-o", str(out), "--resume", "--json"]
+    assert subprocess.run(argv, capture_output=True, timeout=120).returncode == 4
+    (partial / "run-me.sh").unlink()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["reused"] == 3
+    fresh = subprocess.run([sys.executable, "-m", "rolloutcli", "split", str(runs), "-o", str(tmp_path / "fresh")])
+    assert fresh.returncode == 0 and tree(out) == tree(tmp_path / "fresh")

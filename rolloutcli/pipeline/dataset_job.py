@@ -158,7 +158,7 @@ def run_dataset(
     head = {"format": DATASET_FORMAT, "format_version": DATASET_VERSION, "command": command, "options": options}
     earlier: Iterable[dict[str, Any]] = ()
     if resume and os.path.lexists(tmp):
-        check_partial_folder(tmp)  # a symlink, a FIFO: refused before anything is read or changed
+        check_partial_folder(tmp, dataset.names)  # a symlink, a FIFO: refused before anything is read or changed
         _drop_temporaries(tmp)
         earlier = earlier_entries(tmp, head, len(dataset.files))  # other options: refused here, as above
     first = Path(os.path.abspath(dataset.files[0]))

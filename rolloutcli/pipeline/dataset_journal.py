@@ -219,7 +219,10 @@ def _record_entries(folder: Path, head: dict[str, Any], count: int) -> Iterator[
         return iter(())
     if len(text) > limit:
         raise RolloutError.field(
-            path, "(file)", f"at most {limit} bytes for {count} input files", "a larger file",
+            path,
+            "(file)",
+            f"at most {limit} bytes for {count} input files",
+            "a larger file",
             "Delete it, then --resume (the outputs it listed are redone).",
         )
     try:
@@ -231,7 +234,10 @@ def _record_entries(folder: Path, head: dict[str, Any], count: int) -> Iterator[
         deep = True
     if deep:
         raise RolloutError.field(
-            path, "(file)", f"a record nested at most {MAX_DEPTH} levels deep", "one nested deeper",
+            path,
+            "(file)",
+            f"a record nested at most {MAX_DEPTH} levels deep",
+            "one nested deeper",
             "Delete it, then --resume (the outputs it listed are redone).",
         )
     if not _same_run(folder, old, head, (head["format"], head["format_version"])):

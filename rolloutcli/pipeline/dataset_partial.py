@@ -30,9 +30,10 @@ def kind_of(mode: int) -> str:
     return KINDS.get(stat.S_IFMT(mode), "a special file")
 
 
-def check_partial_folder(tmp: Path) -> None:
-    """Refuse (exit 4) a partial folder that is not a real folder, or that holds a symlink or a special file
-    anywhere (``--resume`` would follow, read or publish it)."""
+def check_partial_folder(tmp: Path, names: Iterable[str]) -> None:
+    """Refuse (exit 4) a partial folder that is not a real folder, that holds a symlink or a special file anywhere
+    (``--resume`` would follow, read or publish it), or whatever the run cannot write its outputs ``names`` over
+    (a folder at an output's name, a file where its folder goes: the run removes only stale outputs)."""
     info = os.lstat(tmp)
     if not stat.S_ISDIR(info.st_mode):
         raise RolloutError(
@@ -43,6 +44,18 @@ def check_partial_folder(tmp: Path) -> None:
     for path, mode in _entries(tmp):
         if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or TEMP_MARKER in path.name):  # temporaries: dropped
             raise _stray(tmp, path, kind_of(mode))
+    names = list(names)
+    needed = [*((folder, stat.S_ISDIR) for folder in _folders(names)), *((name, stat.S_ISREG) for name in names)]
+    for name, wanted in needed:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # absent: made by the run
+            mode = os.lstat(tmp / name).st_mode
+            if not wanted(mode):
+                raise _stray(tmp, tmp / name, kind_of(mode))
+
+
+def _folders(names: Iterable[str]) -> set[str]:
+    """The folders that hold ``names`` (relative paths)."""
+    return {str(parent) for name in names for parent in Path(name).parents if str(parent) != "."}
 
 
 def check_published(tmp: Path, names: Iterable[str], record: str) -> None:
@@ -50,7 +63,7 @@ def check_published(tmp: Path, names: Iterable[str], record: str) -> None:
     inputs' relative names, every one recorded and hashed in ``record``), as regular files, and the folders
     holding them: anything else was planted there and would be published as if the run had written it."""
     allowed = {record, *names}
-    folders = {str(parent) for name in allowed for parent in Path(name).parents if str(parent) != "."}
+    folders = _folders(allowed)
     for path, mode in _entries(tmp):
         name = str(path.relative_to(tmp))
         if stat.S_ISREG(mode) and name in allowed:

@@ -1,11 +1,12 @@
 """``--engine ray``'s connection: to the cluster at ``--address``, or to a local cluster the command starts itself.
 
 ``ray.init`` replaces the process's SIGTERM handler with its own: Python's (``sys.exit(15)``) and, below
-Python, its core worker's (a C++ handler that printed a stack and aborted): the command exited 15 or -6 with no
-``terminated:`` line, its temporaries left in place. So the handlers in place before ``ray.init`` (the command's: exit 143, the line,
-temporaries removed) are put back once it returns. A local cluster the command started is its own, and so are
-its processes (GCS, raylet, workers, agents): ``shutdown`` ends them when the command's units are done, failed
-or stopped; a cluster at ``--address``, or a Ray the embedding program had initialised, is left as it was.
+Python, its core worker's (a C++ handler that printed a stack and aborted): the command exited 15 or -6 with
+no ``terminated:`` line, its temporaries left in place. So the handlers in place before ``ray.init`` (the
+command's: exit 143, the line, temporaries removed) are put back once it returns. A local cluster the command
+started is its own, and so are its processes (GCS, raylet, workers, agents): ``shutdown`` ends them when the
+command's units are done, failed or stopped; a cluster at ``--address``, or a Ray the embedding program had
+initialised, is left as it was.
 """
 
 from __future__ import annotations
@@ -121,5 +122,5 @@ def shutdown() -> None:
 def _shutdown(ray: Any) -> None:
     try:
         ray.shutdown(wait_for_processes=True)  # returns once its GCS and raylet ended (the raylet ends its workers)
-    except TypeError:  # a Ray before 2.50: no waiting
+    except TypeError:  # an older Ray: no waiting
         ray.shutdown()

@@ -67,8 +67,8 @@ def main() -> int:
             out = root / f"out-{i:04d}"
             delay = rng.uniform(0, 0.8 * window)  # an unkilled run's time varies: most kills land mid-run
             run = Killed([*argv, "-o", str(out), "-q"])
-            start = time.monotonic()
-            if not run.when(lambda run: time.monotonic() - start >= delay):
+            at = time.monotonic() + delay
+            if not run.when(lambda run, at=at: time.monotonic() >= at):
                 print(f"round {i}: {name}: ended before the kill at {delay:.2f} s", flush=True)
                 ended += 1
             run.kill(settle=PROMISE_S)
