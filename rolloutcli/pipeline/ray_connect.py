@@ -12,6 +12,7 @@ initialised, is left as it was.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -71,13 +72,33 @@ def connect(address: str | None, env: dict[str, str]) -> Any:
     with _handlers_kept(ray), signals_held():  # a signal meanwhile: raised once ray.init returned
         try:
             if address is None:
-                ray.init(include_dashboard=False, runtime_env=runtime, log_to_driver=False)
+                with _own_cluster_env():  # "local": a new cluster, even where `ray start` left its address
+                    ray.init(address="local", include_dashboard=False, runtime_env=runtime, log_to_driver=False)
             else:
                 ray.init(address=address, runtime_env=runtime, log_to_driver=False)
         except (ConnectionError, TimeoutError) as exc:
             raise _unreachable(str(address), str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
     stop_if_signalled()
     return ray
+
+
+# A local cluster's processes take this from their environment (Ray reads RAY_<setting>). Its agents, once the
+# raylet is gone (the command SIGKILLed: Linux kills its GCS and raylet with it), report that to the GCS, which is
+# gone too, and retried it for Ray's default 60 s; with this they end within a few seconds. A local GCS that is
+# gone does not come back: nothing waits for it in vain.
+OWN_CLUSTER_ENV = {"RAY_gcs_rpc_server_reconnect_timeout_s": "2"}
+
+
+@contextlib.contextmanager
+def _own_cluster_env() -> Any:
+    """``OWN_CLUSTER_ENV`` (where not set already) while the local cluster starts: its processes inherit it."""
+    added = {key: value for key, value in OWN_CLUSTER_ENV.items() if key not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 @contextlib.contextmanager
