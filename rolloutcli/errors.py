@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 
 EXIT_BAD_DATA = 1
 EXIT_USAGE = 2
@@ -104,3 +105,22 @@ def stop_if_signalled() -> None:
         raise KeyboardInterrupt
     if code is not None:
         raise Signalled(code)
+
+
+_HELD: list[bool] = []  # inside ``signals_held``: the command's signal handler notes a signal, raises nothing
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Inside the block the command's signal handler only notes a signal, which ``stop_if_signalled`` raises once
+    the block is left. For C code that runs Python's signal handlers itself and breaks when one raises (Ray's
+    ``wait``: a ``SystemError`` traceback, or a wait that went on)."""
+    _HELD.append(True)
+    try:
+        yield
+    finally:
+        _HELD.pop()
+
+
+def signals_are_held() -> bool:
+    return bool(_HELD)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from rollout_factory import make_rollout, rollout_arrays, write_rollout
 
+from rolloutcli import RolloutError, RolloutStorage
 from rolloutcli.hdf5.identity import path_identity
 from rolloutcli.hdf5.limits import SafetyOptions
-from rolloutcli import RolloutError, RolloutStorage
 
 SECRET = 987654.25  # a value that only exists in the "other" file
 

@@ -29,6 +29,7 @@ from rolloutcli.errors import (
     note_signal,
     one_line,
     signal_code,
+    signals_are_held,
     stop_if_signalled,
 )
 from rolloutcli.hdf5.atomic import remove_live_temporaries
@@ -49,6 +50,8 @@ def on_signal(signum: int, frame: Any) -> None:
     note_signal(CODES[signal.Signals(signum)])
     _forward(signum)
     _start_watchdog()
+    if signals_are_held():  # in C code that cannot take an exception (Ray's): raised when it returns
+        return
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
             return

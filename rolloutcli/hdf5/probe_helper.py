@@ -25,6 +25,7 @@ from typing import Any
 
 from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5.identity import identity
+from rolloutcli.pipeline.lifeline import die_with_parent, loaded_prctl
 
 VLEN_PROBE_BYTES = 64 << 20  # variable-length datasets up to this declared size are read by the probe
 PROBER_SLACK = 5.0  # seconds past a file's alarm before the helper kills a prober that is still alive itself
@@ -96,18 +97,24 @@ _PROBERS: set[int] = set()  # the live probers' pids, killed when the helper end
 
 class _Prober:
     """A child of the helper that reads the metadata of file after file, each under its own deadline, and answers
-    after each (JSON: the identity of the file its audit found clean, or null). (Not a ``concurrent.futures`` pool: its worker cannot be killed at one file's deadline,
-    and a crash breaks the pool.) Idle, it waits on its socket; it ends when the helper closes it or goes away."""
+    after each (JSON: the identity of the file its audit found clean, or null). (Not a ``concurrent.futures``
+    pool: its worker cannot be killed at one file's deadline, and a crash breaks the pool.) Idle, it waits on its
+    socket; it ends when the helper closes it or goes away."""
 
     def __init__(self) -> None:
         # the socket pair is made and the prober's end closed under the lock, so no other prober forked by another
         # thread holds a copy of that end: its end-of-file here then means this prober has ended
+        helper = os.getpid()
+        loaded_prctl()  # here, not in the child: see there
         with _FORK:
             self.connection, theirs = Pipe()
             pid = os.fork()
             if pid != 0:
                 theirs.close()
         if pid == 0:
+            # killed with the helper, which may itself be killed (a prober forked later holds a copy of the
+            # helper's end of this one's pipe: no end-of-file would come); this thread outlives the prober
+            die_with_parent(helper)
             self.connection.close()
             _read_requests(theirs)
         self.pid, self.ended = pid, False
@@ -115,7 +122,8 @@ class _Prober:
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         """``{"status": "ok" | "timeout" | "signal", "signal": name, "clean": identity}`` for one file (``clean``:
-        the audit found the file with that identity clean); ``ended`` is set when the prober did not answer (it is then gone, and the status says how it ended)."""
+        the audit found the file with that identity clean); ``ended`` is set when the prober did not answer (it
+        is then gone, and the status says how it ended)."""
         overran = False
         with contextlib.suppress(OSError, EOFError, ValueError):
             self.connection.send_bytes(json.dumps(request).encode())

@@ -145,7 +145,8 @@ class H5Input:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if not _keep(self._key, self.handle, (self._stack, self.handle, self.named_types, self.datasets, self.attrs)):
+            state = (self._stack, self.handle, self.named_types, self.datasets, self.attrs)
+            if not _keep(self._key, self.handle, state):
                 self._stack.close()
 
     def guard(self, fn: Callable[[], R], field: str | None = None) -> R:

@@ -11,6 +11,7 @@ count or timing, so it is byte-identical for every engine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from array import array
@@ -25,7 +26,8 @@ from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.probe import probe_ahead, probed_once
 from rolloutcli.hdf5.reader import kept_open
 from rolloutcli.hdf5.rename import rename_noreplace
-from rolloutcli.pipeline.dataset_journal import Journal, earlier_entries
+from rolloutcli.pipeline.dataset_journal import JOURNAL, RECORD, Journal, earlier_entries
+from rolloutcli.pipeline.dataset_partial import check_partial_folder, check_published, discard_partial
 from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
 from rolloutcli.pipeline.progress import unit_progress
 
@@ -76,10 +78,23 @@ def _kept(entries: Iterable[dict[str, Any]], dataset: Dataset, tmp: Path) -> Ite
             continue
         name = out["name"]
         i = index.get(name)
-        if i is None or source.get("name") != name or not (tmp / name).is_file():
+        if i is None:
+            _drop_stale(tmp, name, out)
+            continue
+        if source.get("name") != name or not (tmp / name).is_file():
             continue
         if _input_entry(dataset.files[i], name) == source and _entry(tmp / name, name) == out:
             yield i, {"input": source, "output": out}
+
+
+def _drop_stale(tmp: Path, name: str, out: dict[str, Any]) -> None:
+    """Remove the output an earlier run wrote for an input no longer in the dataset, if it is still as recorded
+    (so this run wrote it, and it holds nothing else): left, it would be refused as no output of this run."""
+    if os.path.isabs(name) or os.path.normpath(name) != name or ".." in Path(name).parts:
+        return  # no name rolloutcli records (a garbled entry): what it names is not this run's to remove
+    path = tmp / name
+    if path.is_file() and not path.is_symlink() and _entry(path, name) == out:
+        path.unlink()
 
 
 def _drop_temporaries(tmp: Path) -> None:
@@ -147,9 +162,10 @@ def run_dataset(
     _check_destination(dataset, dst, overwrite, resume, tmp)
     head = {"format": DATASET_FORMAT, "format_version": DATASET_VERSION, "command": command, "options": options}
     earlier: Iterable[dict[str, Any]] = ()
-    if resume and tmp.is_dir():
+    if resume and os.path.lexists(tmp):
+        check_partial_folder(tmp, dataset.names)  # a symlink, a FIFO: refused before anything is read or changed
         _drop_temporaries(tmp)
-        earlier = earlier_entries(tmp, head)  # other options: refused here, before anything changes
+        earlier = earlier_entries(tmp, head, len(dataset.files))  # other options: refused here, as above
     first = Path(os.path.abspath(dataset.files[0]))
     base: Base = (first, signature(first, safety)[0] if rollouts else None, safety)
     start_engine(engine)
@@ -162,12 +178,14 @@ def run_dataset(
     except BaseException:
         journal.close()
         if not journal.done:  # nothing to resume: a corrected rerun must not be refused for an empty folder
-            shutil.rmtree(tmp, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                discard_partial(tmp, dataset.names, (JOURNAL, RECORD))
         raise
     finally:
         close_pools()
     _drop_temporaries(tmp)  # an attempt lost with its node (Ray then retried its unit) left what it was writing
     journal.compact()
+    check_published(tmp, dataset.names, RECORD)  # a file planted in the folder: refused, never published
     _publish(tmp, dst, overwrite)
     return {
         "input": [str(f) for f in dataset.files],

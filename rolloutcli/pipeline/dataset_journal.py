@@ -13,14 +13,18 @@ sort_keys=True)``), and the journal is removed before the folder is published.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
+from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file, fsync_tree
+from rolloutcli.pipeline.dataset_partial import kind_of
 
 JOURNAL = ".dataset.journal"
 RECORD = "dataset.json"
@@ -137,40 +141,107 @@ def _nested(value: Any, level: int) -> str:
     return json.dumps(value, indent=2, sort_keys=True).replace("\n", "\n" + "  " * level)
 
 
-def earlier_entries(folder: Path, head: dict[str, Any]) -> Iterator[dict[str, Any]]:
+LINE_MAX_BYTES = 1 << 20  # a journal line: two entries whose paths and names are at most PATH_MAX, escaped
+RECORD_BYTES_PER_FILE = 16 << 10  # the previous version's dataset.json: at most 1 MiB and this much per input
+MAX_DEPTH = 16  # how deep a record nests (its entries: 3 levels; options: a few)
+
+
+def earlier_entries(folder: Path, head: dict[str, Any], count: int) -> Iterator[dict[str, Any]]:
     """The entries ``{"input": ..., "output": ...}`` an earlier run recorded in ``folder`` (its journal, else the
-    ``dataset.json`` of a partial folder the previous version wrote, which rewrote it after each file), not yet
-    checked against the files; none without a readable record.
+    ``dataset.json`` of a partial folder the previous version wrote, which rewrote it after each file) for a
+    dataset of ``count`` files, not yet checked against the files; none without a readable record. Only regular
+    files are read (a FIFO hung), of bounded size and depth: a line past them is ignored as a garbled one is.
 
     Raises:
-        RolloutError: at once (exit 2) where the record names another command or other options.
+        RolloutError: at once where the record names another command or other options (exit 2), is no regular
+            file (exit 4), or is a ``dataset.json`` larger or nested deeper than a record can be (exit 1).
     """
     try:
-        with open(folder / JOURNAL, "rb") as handle:
-            first = handle.readline()
+        handle = _open_regular(folder / JOURNAL)
     except FileNotFoundError:
-        return _record_entries(folder, head)
+        return _record_entries(folder, head, count)
     except OSError:
         return iter(())
+    with handle:
+        first = handle.readline(LINE_MAX_BYTES)
     if not _same_run(folder, _parsed(first), head, (JOURNAL_FORMAT, JOURNAL_VERSION)):
         return iter(())
     return _journal_entries(folder / JOURNAL)
 
 
+def _open_regular(path: Path) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file (a symlink not followed, a FIFO not waited for);
+    exit 4 if it is anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        fd = None
+    mode = os.fstat(fd).st_mode if fd is not None else stat.S_IFLNK
+    if not stat.S_ISREG(mode):
+        if fd is not None:
+            os.close(fd)
+        raise RolloutError(
+            f"{path}: {kind_of(mode)}; expected the regular file rolloutcli wrote (--resume reads no other). "
+            "Delete it, then --resume (the outputs it listed are redone).",
+            exit_code=EXIT_UNSAFE,
+        )
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def _journal_entries(path: Path) -> Iterator[dict[str, Any]]:
-    with open(path, "rb") as handle:
-        handle.readline()
-        for line in handle:
+    with _open_regular(path) as handle:
+        handle.readline(LINE_MAX_BYTES)
+        for line in _lines(handle):
             entry = _parsed(line)  # None for a torn line (no newline: a kill, a full disk) or a garbled one
             if entry is not None:
                 yield entry
 
 
-def _record_entries(folder: Path, head: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _lines(handle: IO[bytes]) -> Iterator[bytes]:
+    """``handle``'s lines, each read at most ``LINE_MAX_BYTES`` at a time: a longer one (no record's) is read
+    through to its end and given as ``b""``, which no entry parses from."""
+    while line := handle.readline(LINE_MAX_BYTES):
+        if len(line) == LINE_MAX_BYTES and not line.endswith(b"\n"):
+            while (rest := handle.readline(LINE_MAX_BYTES)) and not rest.endswith(b"\n"):
+                pass
+            line = b""
+        yield line
+
+
+def _record_entries(folder: Path, head: dict[str, Any], count: int) -> Iterator[dict[str, Any]]:
+    path = folder / RECORD
+    limit = (1 << 20) + RECORD_BYTES_PER_FILE * count
     try:
-        old = json.loads((folder / RECORD).read_text())
-    except (OSError, ValueError):
+        with _open_regular(path) as handle:
+            text = handle.read(limit + 1)
+    except OSError:
         return iter(())
+    if len(text) > limit:
+        raise RolloutError.field(
+            path,
+            "(file)",
+            f"at most {limit} bytes for {count} input files",
+            "a larger file",
+            "Delete it, then --resume (the outputs it listed are redone).",
+        )
+    try:
+        old = json.loads(text)
+        deep = _depth(old) > MAX_DEPTH
+    except ValueError:
+        return iter(())  # garbled: nothing kept, as before
+    except RecursionError:  # json's C parser stops at the interpreter's recursion limit
+        deep = True
+    if deep:
+        raise RolloutError.field(
+            path,
+            "(file)",
+            f"a record nested at most {MAX_DEPTH} levels deep",
+            "one nested deeper",
+            "Delete it, then --resume (the outputs it listed are redone).",
+        )
     if not _same_run(folder, old, head, (head["format"], head["format_version"])):
         return iter(())
     inputs = {entry.get("name"): entry for entry in old.get("inputs", []) if isinstance(entry, dict)}
@@ -178,15 +249,28 @@ def _record_entries(folder: Path, head: dict[str, Any]) -> Iterator[dict[str, An
     return iter([{"input": inputs.get(entry.get("name")), "output": entry} for entry in outputs])
 
 
+def _depth(value: Any) -> int:
+    """How deep ``value`` (parsed JSON) nests, without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        deepest = max(deepest, level)
+        if isinstance(item, dict):
+            todo.extend((child, level + 1) for child in item.values())
+        elif isinstance(item, list):
+            todo.extend((child, level + 1) for child in item)
+    return deepest
+
+
 def _parsed(line: bytes) -> dict[str, Any] | None:
-    """A whole journal line's object; None for a line cut short or not an object."""
+    """A whole journal line's object; None for a line cut short, garbled, nested too deeply or not an object."""
     if not line.endswith(b"\n"):
         return None
     try:
         value = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    return value if isinstance(value, dict) else None
+    return value if isinstance(value, dict) and _depth(value) <= MAX_DEPTH else None
 
 
 def _same_run(folder: Path, found: Any, head: dict[str, Any], kind: tuple[str, int]) -> bool:

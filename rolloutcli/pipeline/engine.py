@@ -23,12 +23,14 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError, stop_if_signalled
+from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError, signals_held, stop_if_signalled
+from rolloutcli.pipeline import ray_connect
 from rolloutcli.pipeline.preload import server_preload, start_server, start_tracker
-from rolloutcli.pipeline.ray_connect import connect_ray
+from rolloutcli.pipeline.ray_connect import import_ray  # noqa: F401 - the engines' API
 
 ENGINES = ("local", "ray")
 RETRIES = 3  # Ray task retries (units are pure: a retry rewrites the same bytes)
+RAY_WAIT_S = 0.25  # the driver looks at a noted signal at least this often while Ray's wait blocks
 
 Unit = tuple[Callable[..., Any], tuple[Any, ...]]  # (module-level function, its arguments): picklable
 STOP_ENV = "ROLLOUTCLI_STOP_FILE"  # a local pool's failed run: its driver creates this file
@@ -207,6 +209,7 @@ def close_pools() -> None:
         _WARMING.pop().join(CLOSE_GRACE_S)  # a daemon thread; its futures end when the pool is shut
     while _POOLS:
         _shut(_POOLS.popitem()[1])
+    ray_connect.shutdown()  # a local Ray cluster the command started, with its processes
 
 
 def _shut(pool: ProcessPoolExecutor) -> None:
@@ -316,6 +319,11 @@ def _stop(path: str, futures: Iterable[Future[Any]]) -> None:
             future.cancel()
 
 
+def connect_ray(options: EngineOptions) -> Any:
+    """``ray`` connected to ``--address`` (or a new local cluster, the command's own: ``close_pools`` ends it)."""
+    return ray_connect.connect(options.address, options.env())
+
+
 def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
     """The units as Ray tasks. On a failure (a unit's, a task's past its retries, a signal) the tasks not done are
     cancelled (a running one gets KeyboardInterrupt: it removes what it writes) and given ``CLOSE_GRACE_S`` to end
@@ -333,10 +341,13 @@ def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[
                 index[task.remote(fn, args, options.env())] = i
             if not index:
                 break
-            ready, _ = ray.wait(list(index), num_returns=1)
+            with signals_held():  # Ray's wait runs the handler itself, and broke when it raised
+                ready, _ = ray.wait(list(index), num_returns=1, timeout=RAY_WAIT_S)
+            stop_if_signalled()
             for ref in ready:
                 try:
-                    result = ray.get(ref)
+                    with signals_held():
+                        result = ray.get(ref)
                 except ray.exceptions.RayError as exc:  # a task that failed past its retries, or a lost node
                     raise RolloutError(
                         f"--engine ray: a task failed past {RETRIES} retries ({type(exc).__name__}); nothing was "
@@ -346,8 +357,9 @@ def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[
                 finished(index.pop(ref), result)
     except BaseException:
         pending = list(index)
-        for ref in pending:
-            ray.cancel(ref)
-        if pending:
-            ray.wait(pending, num_returns=len(pending), timeout=CLOSE_GRACE_S)
+        with signals_held():
+            for ref in pending:
+                ray.cancel(ref)
+            if pending:
+                ray.wait(pending, num_returns=len(pending), timeout=CLOSE_GRACE_S)
         raise

@@ -16,6 +16,8 @@ import os
 import signal
 import sys
 
+from rolloutcli.pipeline import lifeline
+
 PER_FILE = "rolloutcli.pipeline.dataset_job"  # the per-file commands' dataset job wraps every unit
 PRELOAD: dict[str, tuple[str, ...]] = {  # command -> the modules its pool's units run (tests check them)
     "gae": (PER_FILE, "rolloutcli.pipeline.gae"),
@@ -84,12 +86,19 @@ def start_server() -> None:
     import there, below). Python's server ignores SIGINT only once its imports are done: a Ctrl-C to the whole
     job while it started or imported torch printed its traceback, or a 'Fatal Python error', under the command's
     one line. The signal stays pending in this thread while the server is spawned, so this process still gets it."""
+    import threading
     from multiprocessing import forkserver
 
+    # the server dies with this process (lifeline), asked only of the main thread: Linux kills it when the thread
+    # that started it ends, and a library caller's thread may end before the pool is done
+    main = threading.current_thread() is threading.main_thread()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    if main:
+        os.environ[lifeline.PARENT_ENV] = str(os.getpid())
     try:
         forkserver.ensure_running()
     finally:
+        os.environ.pop(lifeline.PARENT_ENV, None)
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
@@ -139,13 +148,30 @@ def _end_server() -> None:
     os._exit(0)
 
 
+_FORKED = False  # in a worker: it has asked to die with the server (its own children do not ask)
+
+
+def _worker_forked() -> None:
+    """In each worker, just forked by the server: die with the server (whose only thread forked it), so with
+    the command (see ``lifeline``)."""
+    global _FORKED
+    if not _FORKED:
+        _FORKED = True
+        lifeline.die_with_parent(SERVER)
+
+
 # In the process server only: end with os._exit when the command is gone. Its interpreter shutdown with the
 # units' modules imported (torch for batch) took 0.3-0.75 s after the command had finished, with the command's
 # stdout and stderr still open in it (a pipe reading them waited that long). The server has nothing to flush or
 # clean up; its children (the workers) end with os._exit already and never run atexit functions.
 IN_SERVER = _in_process_server()  # also True in the workers, which the server forks after its imports
+SERVER = os.getpid()  # in the process server (and its workers, forked after this import): the server's pid
 if IN_SERVER:
     atexit.register(_end_server)
+    _COMMAND = lifeline.parent_from_env()
+    if _COMMAND is not None:  # the command's main thread started the server: end with it, however it ends
+        lifeline.die_with_parent(_COMMAND)
+        os.register_at_fork(after_in_child=_worker_forked)
     # Ctrl-C (blocked since the server's start: start_server) is the command's to handle; each worker handles
     # its own (engine._worker_signals).
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,26 +1,38 @@
-"""``--engine ray``'s connection: Ray imported (or exit 2 saying how to install it) and connected to
-``--address``, ``RAY_ADDRESS`` or a new local cluster; an address nothing answers on is exit 3 with one line.
+"""``--engine ray``'s connection: to the cluster at ``--address``, or to a local cluster the command starts itself.
+
+``ray.init`` replaces the process's SIGTERM handler with its own: Python's (``sys.exit(15)``) and, below
+Python, its core worker's (a C++ handler that printed a stack and aborted): the command exited 15 or -6 with
+no ``terminated:`` line, its temporaries left in place. So the handlers in place before ``ray.init`` (the
+command's: exit 143, the line, temporaries removed) are put back once it returns. A local cluster the command
+started is its own, and so are its processes (GCS, raylet, workers, agents): ``shutdown`` ends them when the
+command's units are done, failed or stopped; a cluster at ``--address``, or a Ray the embedding program had
+initialised, is left as it was.
 
 Ray retries an absent cluster for minutes and writes its own log lines and tracebacks on stderr while it does
-(its C++ core writes to the process's stderr itself): the address is probed first, within ``RAY_TIMEOUT_S``,
-and whatever Ray writes while it connects goes to a temporary file, dropped, so only our line reaches the user.
+(its C++ core writes to the process's stderr itself): the address (``--address``, or ``RAY_ADDRESS`` where Ray
+takes it over ``auto``) is probed first, within ``RAY_TIMEOUT_S``, and whatever Ray writes while it connects
+goes to a temporary file, dropped, so only our line reaches the user.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from typing import Any
 
-from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
+from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError, signals_held, stop_if_signalled
 
 RAY_INSTALL = 'pip install "rolloutcli[ray]"'
 RAY_TIMEOUT_S = 10.0  # an unreachable --address is reported within this
-RAY_ADDRESS_ENV = "RAY_ADDRESS"  # Ray connects there instead of --address auto (or a new local cluster)
+RAY_ADDRESS_ENV = "RAY_ADDRESS"  # Ray connects there instead of --address auto
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_OWNED: list[Any] = []  # the ray module, when this process's ``connect`` initialised it (its to shut down)
 
 
 def import_ray() -> Any:
@@ -43,10 +55,10 @@ def _unreachable(address: str, why: object) -> RolloutError:
 
 
 def _target(address: str | None) -> tuple[str, str] | None:
-    """``(address Ray will connect to, how the message names it)``; None where Ray starts a local cluster or
-    finds one itself (``auto`` without ``RAY_ADDRESS``: Ray fails at once when it finds none)."""
+    """``(address Ray will connect to, how the message names it)``; None where Ray starts a local cluster, or finds
+    one itself (``auto`` without ``RAY_ADDRESS``: Ray fails at once when it finds none)."""
     env = os.environ.get(RAY_ADDRESS_ENV, "")
-    if address in (None, "auto") and env:  # Ray takes RAY_ADDRESS over auto and over a new local cluster
+    if address == "auto" and env:  # Ray takes RAY_ADDRESS over auto
         return env, f"{RAY_ADDRESS_ENV}={env}"
     if address in (None, "auto"):
         return None
@@ -82,23 +94,92 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def connect_ray(options: Any) -> Any:
-    """``ray`` connected to ``--address`` (or a new local cluster); unreachable: exit 3 naming the address."""
+def connect(address: str | None, env: dict[str, str]) -> Any:
+    """``ray`` connected to ``address`` (None: a new local cluster), each worker given ``env``; unreachable:
+    exit 3 naming the address. This process's signal handlers are the same after as before."""
     ray = import_ray()
-    address = options.address
     target = _target(address)
     if target is not None:
         _probe(*target)
     if ray.is_initialized():
         return ray
-    env = {"env_vars": options.env()} if options.env() else None
-    try:
-        with _quiet_stderr():
-            if address is None:
-                ray.init(include_dashboard=False, runtime_env=env, log_to_driver=False)
-            else:
-                ray.init(address=address, runtime_env=env, log_to_driver=False)
-    except (ConnectionError, TimeoutError) as exc:
-        named = target[1] if target is not None else str(address)
-        raise _unreachable(named, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    runtime = {"env_vars": env} if env else None
+    _OWNED.append(ray)  # before: a signal inside ray.init may leave a local cluster half started
+    with _handlers_kept(ray), signals_held():  # a signal meanwhile: raised once ray.init returned
+        try:
+            with _quiet_stderr():
+                if address is None:
+                    with _own_cluster_env():  # "local": a new cluster, even where `ray start` left its address
+                        ray.init(address="local", include_dashboard=False, runtime_env=runtime, log_to_driver=False)
+                else:
+                    ray.init(address=address, runtime_env=runtime, log_to_driver=False)
+        except (ConnectionError, TimeoutError) as exc:
+            named = target[1] if target is not None else str(address)
+            raise _unreachable(named, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    stop_if_signalled()
     return ray
+
+
+# A local cluster's processes take this from their environment (Ray reads RAY_<setting>). Its agents, once the
+# raylet is gone (the command SIGKILLed: Linux kills its GCS and raylet with it), report that to the GCS, which is
+# gone too, and retried it for Ray's default 60 s; with this they end within a few seconds. A local GCS that is
+# gone does not come back: nothing waits for it in vain.
+OWN_CLUSTER_ENV = {"RAY_gcs_rpc_server_reconnect_timeout_s": "2"}
+
+
+@contextlib.contextmanager
+def _own_cluster_env() -> Any:
+    """``OWN_CLUSTER_ENV`` (where not set already) while the local cluster starts: its processes inherit it."""
+    added = {key: value for key, value in OWN_CLUSTER_ENV.items() if key not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+@contextlib.contextmanager
+def _handlers_kept(ray: Any) -> Any:
+    """Keep this process's handlers of ``SIGNALS`` through the block: Ray's way of setting its own is made to do
+    nothing meanwhile (a private function: a signal during ``ray.init``, seconds for a local cluster, then finds
+    the command's), and what was replaced all the same is put back after. Only the main thread has handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    setter = getattr(utils, "set_sigterm_handler", None)
+    if setter is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        if setter is not None:
+            utils.set_sigterm_handler = setter
+        for sig, handler in handlers.items():  # set again even where Python still names it: Ray's core worker
+            if handler is not None:  # replaced SIGTERM's below Python (a C++ handler that aborted, exit -6)
+                signal.signal(sig, handler)
+
+
+def shutdown() -> None:
+    """Disconnect from the Ray this process initialised: a local cluster it started ends with its processes
+    (Ray's ``shutdown`` kills only the processes this process started). Signals are ignored meanwhile: a second
+    Ctrl-C must not leave half of the cluster running."""
+    while _OWNED:
+        ray = _OWNED.pop()
+        main = threading.current_thread() is threading.main_thread()
+        handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SIGNALS} if main else {}
+        try:
+            with contextlib.suppress(Exception):  # a cluster already gone: nothing of it left to end
+                _shutdown(ray)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+
+def _shutdown(ray: Any) -> None:
+    try:
+        ray.shutdown(wait_for_processes=True)  # returns once its GCS and raylet ended (the raylet ends its workers)
+    except TypeError:  # an older Ray: no waiting
+        ray.shutdown()
