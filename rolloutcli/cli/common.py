@@ -270,6 +270,9 @@ class GuardedStdout:
         return getattr(self._stream, name)
 
 
+JSON_SLICE = 1 << 16  # characters of the JSON result written to stdout at a time
+
+
 def emit(
     summary: dict[str, Any], render: Callable[..., None], json_output: bool, quiet: bool, output: Path | None = None
 ) -> None:
@@ -281,7 +284,10 @@ def emit(
         summary["gb_per_s"] = summary["bytes_written"] / seconds / 1e9 if seconds > 0 else None
     try:
         if json_output:
-            print(to_json(summary))
+            text = to_json(summary)
+            for start in range(0, len(text), JSON_SLICE):  # not encoded into one copy of a dataset's whole report
+                sys.stdout.write(text[start : start + JSON_SLICE])
+            sys.stdout.write("\n")
         elif not quiet:
             render(stdout, printable(summary))
         sys.stdout.flush()  # a full disk under `> summary.txt` shows here
