@@ -25,7 +25,9 @@ def audited(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """The files this process audits itself (the probe's own audits, in its prober, are not counted)."""
     calls: list[Path] = []
     real = safety.audit_file
-    monkeypatch.setattr(safety, "audit_file", lambda path, handle, options: calls.append(path) or real(path, handle, options))
+    monkeypatch.setattr(
+        safety, "audit_file", lambda path, handle, options: calls.append(path) or real(path, handle, options)
+    )
     return calls
 
 

@@ -30,8 +30,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
 from collections.abc import Iterator
+from dataclasses import asdict
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 from typing import Any

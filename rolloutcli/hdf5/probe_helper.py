@@ -96,8 +96,9 @@ _PROBERS: set[int] = set()  # the live probers' pids, killed when the helper end
 
 class _Prober:
     """A child of the helper that reads the metadata of file after file, each under its own deadline, and answers
-    after each (JSON: the identity of the file its audit found clean, or null). (Not a ``concurrent.futures`` pool: its worker cannot be killed at one file's deadline,
-    and a crash breaks the pool.) Idle, it waits on its socket; it ends when the helper closes it or goes away."""
+    after each (JSON: the identity of the file its audit found clean, or null). (Not a ``concurrent.futures``
+    pool: its worker cannot be killed at one file's deadline, and a crash breaks the pool.) Idle, it waits on its
+    socket; it ends when the helper closes it or goes away."""
 
     def __init__(self) -> None:
         # the socket pair is made and the prober's end closed under the lock, so no other prober forked by another
@@ -115,7 +116,8 @@ class _Prober:
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         """``{"status": "ok" | "timeout" | "signal", "signal": name, "clean": identity}`` for one file (``clean``:
-        the audit found the file with that identity clean); ``ended`` is set when the prober did not answer (it is then gone, and the status says how it ended)."""
+        the audit found the file with that identity clean); ``ended`` is set when the prober did not answer (it is
+        then gone, and the status says how it ended)."""
         overran = False
         with contextlib.suppress(OSError, EOFError, ValueError):
             self.connection.send_bytes(json.dumps(request).encode())

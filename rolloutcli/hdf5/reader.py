@@ -144,7 +144,8 @@ class H5Input:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if not _keep(self._key, self.handle, (self._stack, self.handle, self.named_types, self.datasets, self.attrs)):
+            parts = (self._stack, self.handle, self.named_types, self.datasets, self.attrs)
+            if not _keep(self._key, self.handle, parts):
                 self._stack.close()
 
     def guard(self, fn: Callable[[], R], field: str | None = None) -> R:
