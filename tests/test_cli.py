@@ -63,6 +63,23 @@ def test_help_lists_choices_and_required_options() -> None:
     assert "--debug" not in text
 
 
+def test_help_names_arguments_as_a_user_types_them() -> None:
+    """Issue 41.6: ``FILE <list[str]>``, ``SRC <path>`` and ``{FILE}...`` were typer's types; ``-o`` was named in
+    the help of commands without one; ``--overwrite`` spoke of folders for commands that write one file."""
+    for command in ("inspect", "gae", "split", "batch", "nstep", "stats", "returns"):
+        text = _help(command)
+        assert f"Usage: rolloutcli {command} [OPTIONS] FILE...\n" in text
+        assert "\n  FILE...  Rollout files, directories or globs" in text and "<list[str]>" not in text
+    assert "Usage: rolloutcli import [OPTIONS] SRC\n" in _help("import") and "\n  SRC  Recording:" in _help("import")
+    assert "Usage: rolloutcli plot [OPTIONS] FILE\n" in _help("plot") and "<path>" not in _help("plot")
+    for command in ("inspect", "stats"):
+        assert not re.search(r"(?<![\w-])-o\b", _help(command))
+    for command in ("stats", "plot"):
+        text = _help(command)
+        assert "--overwrite          Replace an earlier output file (never an input)." in text
+        assert "folder" not in text
+
+
 def test_every_help_ends_with_an_example_that_runs(tmp_path: Path, cli, monkeypatch) -> None:
     (tmp_path / "sample_data").symlink_to(REPO / "sample_data")
     monkeypatch.chdir(tmp_path)

@@ -251,3 +251,26 @@ def test_from_hdf5_refuses_two_observation_groups(tmp_path):
         f"{tmp_path / 'two.h5'}: field 'observations': expected one observation group (the storage holds one obs "
         "tensor), found 2 groups: a, b. Write a file with one group, e.g. observations/policy."
     )
+
+
+@pytest.mark.parametrize(("proper", "rule"), [(False, "ignore"), (True, "proper")])
+def test_returns_without_gae_are_gae_with_lambda_one(tmp_path, cli, proper, rule):
+    """docs/commands.md (issue 41.8): ``returns`` never bootstraps; ikostrikov's ``use_gae=False`` returns are
+    ``gae --lam 1`` with the matching ``--timeouts`` rule, to float32 rounding."""
+    import h5py
+
+    s = filled(seed=4)
+    next_value = torch.randn(4, 1, generator=torch.Generator().manual_seed(6))
+    s.value_preds[-1] = next_value  # what the file's last_values hold
+    s.to_hdf5(tmp_path / "ik.h5")
+    s.compute_returns(next_value, False, 0.99, 0.95, use_proper_time_limits=proper)
+    flags = ("--gamma", "0.99", "--lam", "1", "--timeouts", rule, "--no-normalize", "-q")
+    code, _, err = cli("gae", tmp_path / "ik.h5", "-o", tmp_path / "gae.h5", *flags)
+    assert code == 0, err
+    with h5py.File(tmp_path / "gae.h5", "r") as handle:
+        returns = torch.from_numpy(handle["returns"][()])
+    torch.testing.assert_close(returns, s.returns[:-1, :, 0], rtol=1e-5, atol=1e-5)
+    code, _, err = cli("returns", tmp_path / "ik.h5", "-o", tmp_path / "mc.h5", "--gamma", "0.99", "-q")
+    assert code == 0, err
+    with h5py.File(tmp_path / "mc.h5", "r") as handle:  # no value is added where the data stops
+        assert handle["returns_to_go"][-1].tolist() == handle["rewards"][-1].tolist()

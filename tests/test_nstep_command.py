@@ -114,7 +114,6 @@ def test_bootstrapped_rewards_are_not_summed(tmp_path: Path, cli) -> None:
         (["--n", "0"], "error: Invalid value for '--n': Input should be greater than or equal to 1"),
         (["--gamma", "1.5"], "error: Invalid value for '--gamma': Input should be less than or equal to 1"),
         (["--gamma", "-0.1"], "error: Invalid value for '--gamma': Input should be greater than or equal to 0"),
-        (["--n", "21"], "--n: expected at most T = 20 steps, found 21. Pass --n 20 or less."),
         (["--timeouts", "rsl"], "error: --timeouts: expected final-value or ignore, found 'rsl'."),
     ],
 )
@@ -123,6 +122,20 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path: Path, cli, args: list[st
     code, _, err = cli("nstep", source, "-o", tmp_path / "out.h5", *args, "-q")
     assert code == 2 and message in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.h5"]
+
+
+def test_a_k_over_t_shortens_the_windows_as_the_library_does(tmp_path: Path, cli) -> None:
+    """Issue 41.6: ``--n 21`` on T = 20 was refused while ``nstep_returns`` stops a window at the rollout's end."""
+    arrays = _with_finals(rollout_arrays(T=20, N=3, end_rate=0.05))
+    source = write_rollout(tmp_path / "in.h5", arrays)
+    code, _, err = cli("nstep", source, "-o", tmp_path / "out.h5", "--n", "21", "-q")
+    assert code == 0, err
+    flags = [torch.from_numpy(arrays[name]) for name in ("rewards", "dones")]
+    want = nstep_returns(*flags, 21, 0.99, torch.from_numpy(arrays["time_outs"]))
+    got = _outputs(tmp_path / "out.h5")
+    assert got["nstep_returns"].tobytes() == want.returns.numpy().tobytes()
+    np.testing.assert_array_equal(got["nstep_next_step"], want.next_step.numpy())
+    assert got["attrs"]["nstep_n"] == 21 and (want.next_step == 20).any()
 
 
 def test_same_bytes_without_the_compiled_kernel(tmp_path: Path, cli, monkeypatch) -> None:

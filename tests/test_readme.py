@@ -55,3 +55,9 @@ def test_every_example_runs(tmp_path: Path, cli, monkeypatch, request, ray_clust
 
 def test_readme_is_short() -> None:
     assert len(README.read_bytes()) < 20_000  # details live in docs/ (tests/test_docs.py)
+
+
+def test_the_cpu_torch_hint_comes_before_the_install() -> None:
+    """A user reads the setup in order: the CPU build of torch goes in before ``pip install -e .`` (issue 41.1)."""
+    text = README.read_text()
+    assert text.index("https://download.pytorch.org/whl/cpu") < text.index("pip install -e .")

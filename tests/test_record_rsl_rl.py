@@ -136,9 +136,11 @@ def test_hook_is_invisible_and_files_reproduce_rsl_rl(tmp_path: Path, cli, rnn: 
 def test_every_other_iteration_and_detach(tmp_path: Path) -> None:
     torch.manual_seed(0)
     runner = OnPolicyRunner(FakeEnv(), copy.deepcopy(_config(False)), log_dir=None, device="cpu")
-    recorder = attach(runner, tmp_path / "rec", every=2)
+    recorder = attach(runner, tmp_path / "rec", every=2, compression="lzf")  # as docs/recording.md says
     runner.learn(3)
     assert [p.name for p in recorder.files] == ["rollout_000000.h5", "rollout_000002.h5"]
+    with h5py.File(recorder.files[0], "r") as handle:
+        assert handle["rewards"].compression == "lzf" and handle["observations/policy"].compression == "lzf"
     recorder.detach()
     runner.learn(1)
     assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == ["rollout_000000.h5", "rollout_000002.h5"]

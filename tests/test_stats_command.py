@@ -92,3 +92,22 @@ def test_per_dim_and_normalizer_over_a_dataset_are_those_of_all_rows(tmp_path: P
     write_rollout(folder / "r2.h5", {**parts[0], "observations/policy": np.zeros((9, 3, 5), np.float32)})
     code, _, err = cli("stats", folder, "--normalizer", tmp_path / "m.pt")
     assert code == 1 and "r2.h5" in err and "observations/policy" in err and not (tmp_path / "m.pt").exists()
+
+
+def test_stats_without_normalizer_prints_the_statistics_and_writes_nothing(tmp_path: Path, cli) -> None:
+    """Issue 41.6: ``stats FILE`` alone was a usage error; it prints the statistics (``--normalizer`` writes)."""
+    arrays = rollout_arrays(T=25, N=6)
+    source = write_rollout(tmp_path / "in.h5", arrays)
+    code, out, err = cli("stats", source)
+    assert code == 0, err
+    assert "observations/policy [4] per dimension" in out
+    assert out.rstrip().splitlines()[-1] == "statistics of observations/policy [4] over 150 rows"
+    code, out, err = cli("stats", source, "--json", "--group", "critic")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["output"] is None and summary["count"] == 150 and summary["group"] == "critic"
+    rows = arrays["observations/critic"].reshape(150, -1).astype(np.float64)
+    np.testing.assert_allclose(summary["per_dim"]["observations/critic"]["mean"], rows.mean(0), rtol=1e-12)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.h5"]
+    code, out, err = cli("stats", source, "--normalizer", tmp_path / "n.pt")
+    assert code == 0 and out.rstrip().splitlines()[-1].endswith(f"over 150 rows -> {tmp_path / 'n.pt'}")

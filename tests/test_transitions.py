@@ -149,7 +149,6 @@ def test_time_outs_need_final_observations(tmp_path: Path, cli) -> None:
         (["--across-episodes"], "--across-episodes: expected --history K with it, found none."),
         (["--observations", "policy"], "--observations: expected --history K with it, found none."),
         (["--timeouts", "ignore"], "--timeouts: expected --transitions with it, found none."),
-        (["--transitions", "--n-step", "21"], "--n-step: expected at most T = 20 steps, found 21."),
         (["--transitions", "--gamma", "2"], "Invalid value for '--gamma'"),
     ],
 )
@@ -158,3 +157,25 @@ def test_bad_options(tmp_path: Path, cli, args: list[str], message: str) -> None
     code, _, err = cli("batch", source, "-o", tmp_path / "s", "-m", "2", *args, "-q")
     assert code == 2 and message in err, err
     assert not (tmp_path / "s").exists()
+
+
+def test_batch_size_and_a_k_over_t_are_taken_as_in_the_other_modes(tmp_path: Path, cli) -> None:
+    """Issue 41.6: ``--transitions --batch-size B`` was refused (M = ceil(transitions / B), as feed-forward rows
+    are cut); ``--n-step 21`` on T = 20 too (the windows stop at the rollout's end, as ``nstep`` does)."""
+    source, arrays = _rollout(tmp_path / "in.h5", T=20, N=5, end_rate=0.1)
+    out = tmp_path / "s"
+    code, _, err = cli("batch", source, "-o", out, "--transitions", "--batch-size", "30", "--n-step", "21", "-q")
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["batch_size"] == 30 and manifest["options"]["num_mini_batches"] == 4  # 100 rows
+    assert sorted(shard["rows"] for shard in manifest["shards"]) == [25, 25, 25, 25]
+    returns, _, _ = naive(arrays["rewards"], arrays["dones"], arrays["time_outs"], 21, 0.99)
+    assert _rows(out)["rewards"].tolist() == returns.reshape(-1).tolist()
+    code, _, err = cli("batch", source, "-o", tmp_path / "s2", "-m", "2", "--transitions", "-q")
+    assert code == 0 and "batch_size" not in json.loads((tmp_path / "s2" / "manifest.json").read_text())["options"]
+    code, _, err = cli("batch", source, "-o", tmp_path / "s3", "--transitions", "--batch-size", "101")
+    assert code == 2 and err.strip() == (
+        "error: --batch-size: expected at most 100 (the transitions whose bootstrap observation is known), found "
+        "101; a mini-batch cannot hold more than the data."
+    )
+    assert not (tmp_path / "s3").exists()

@@ -20,6 +20,7 @@ import typer
 from rolloutcli.cli import batch, derive, importer, inspect, plot, split, stats
 from rolloutcli.cli import signals as cli_signals
 from rolloutcli.cli.common import GuardedStdout, RunState, StdoutClosed
+from rolloutcli.cli.helpformat import Command
 from rolloutcli.cli.signals import say, stopped
 from rolloutcli.errors import (
     EXIT_INTERRUPTED,
@@ -71,15 +72,15 @@ def root(
 
 
 # The commands, in the order of ``--help``; each module declares its options and its example.
-app.command(epilog=_example(inspect.EXAMPLE))(inspect.inspect)
-app.command(epilog=_example(derive.GAE_EXAMPLE))(derive.gae)
-app.command(epilog=_example(split.EXAMPLE))(split.split)
-app.command(epilog=_example(batch.EXAMPLE))(batch.batch)
-app.command(name="import", epilog=_example(importer.EXAMPLE))(importer.import_command)
-app.command(epilog=_example(derive.NSTEP_EXAMPLE))(derive.nstep)
-app.command(epilog=_example(stats.EXAMPLE))(stats.stats)
-app.command(epilog=_example(plot.EXAMPLE))(plot.plot)
-app.command(epilog=_example(derive.RETURNS_EXAMPLE))(derive.returns)
+app.command(cls=Command, epilog=_example(inspect.EXAMPLE))(inspect.inspect)
+app.command(cls=Command, epilog=_example(derive.GAE_EXAMPLE))(derive.gae)
+app.command(cls=Command, epilog=_example(split.EXAMPLE))(split.split)
+app.command(cls=Command, epilog=_example(batch.EXAMPLE))(batch.batch)
+app.command(name="import", cls=Command, epilog=_example(importer.EXAMPLE))(importer.import_command)
+app.command(cls=Command, epilog=_example(derive.NSTEP_EXAMPLE))(derive.nstep)
+app.command(cls=Command, epilog=_example(stats.EXAMPLE))(stats.stats)
+app.command(cls=Command, epilog=_example(plot.EXAMPLE))(plot.plot)
+app.command(cls=Command, epilog=_example(derive.RETURNS_EXAMPLE))(derive.returns)
 
 
 def _usage_line(error: Any) -> str:

@@ -138,11 +138,11 @@ def batch(
     if not transitions:
         _need("--transitions", {"--n-step": n_step, "--gamma": gamma, "--timeouts": timeouts})
     if transitions:
-        _alone("--transitions", "transitions", modes)
-        _require_mini_batches(num_mini_batches, "--transitions")
+        _alone("--transitions", "transitions", {k: v for k, v in modes.items() if k != "--batch-size"})
         rule = (timeouts or NStepTimeouts.final_value).value
+        gamma = 0.99 if gamma is None else gamma
         options = TransitionOptions(
-            num_mini_batches, n_step or 1, 0.99 if gamma is None else gamma, rule, epochs, seed, compression
+            num_mini_batches or 0, n_step or 1, gamma, rule, epochs, seed, compression, batch_size
         )
     elif history is not None:
         _alone("--history", "history windows", {k: v for k, v in modes.items() if k != "--history"})

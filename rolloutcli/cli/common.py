@@ -91,6 +91,7 @@ FolderOutputOpt = Annotated[
 OverwriteOpt = flag(
     "--overwrite", text="Replace an earlier output (a folder only if rolloutcli wrote it, holding no input)."
 )
+OverwriteFileOpt = flag("--overwrite", text="Replace an earlier output file (never an input).")
 JsonOpt = flag("--json", text="Print one JSON object to stdout (NaN and Inf as null).")
 QuietOpt = flag("--quiet", "-q", text="Print nothing but errors and --json output.")
 MemoryOpt = Annotated[
@@ -123,6 +124,7 @@ InPlaceOpt = flag("--in-place", text="Add the results to FILE itself (atomically
 # The option groups `with_common` appends to a command: (parameter, declaration, default).
 _IN_PLACE = [("in_place", InPlaceOpt, False)]
 _OVERWRITE = [("overwrite", OverwriteOpt, False)]
+_OVERWRITE_FILE = [("overwrite", OverwriteFileOpt, False)]  # commands whose output is always one file
 _DEVICE = [("device", DeviceOpt, "auto")]
 _RESUME = [("resume", ResumeOpt, False)]
 _ENGINE = [("engine", EngineOpt, "local"), ("workers", WorkersOpt, 1), ("address", AddressOpt, None)]
@@ -156,9 +158,11 @@ class Common:
     def emit(self, summary: dict[str, Any], render: Callable[..., None], output: Path | None = None) -> None:
         emit(summary, render, self.json_output, self.quiet, output)
 
-    def write(self, render: Callable[..., None], output: Path, fn: Callable[..., Any], *args: Any, **more: Any) -> Any:
+    def write(
+        self, render: Callable[..., None], output: Path | None, fn: Callable[..., Any], *args: Any, **more: Any
+    ) -> Any:
         """An output command's tail: ``fn(*args, run, overwrite=, progress=, **more)``, then its summary on
-        stdout (``output`` is what it published)."""
+        stdout (``output`` is what it published, if anything)."""
         summary = fn(*args, self.run(), overwrite=self.overwrite, progress=self.progress(), **more)
         self.emit(summary, render, output)
         return summary
@@ -172,12 +176,18 @@ def need_output(output: Path | None, command: str, what: str) -> Path:
 
 
 def with_common(
-    *, in_place: bool = False, overwrite: bool = False, device: bool = False, engine: bool = False, resume: bool = False
+    *,
+    in_place: bool = False,
+    overwrite: bool | str = False,
+    device: bool = False,
+    engine: bool = False,
+    resume: bool = False,
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give a command function ``fn(..., common: Common)`` the shared options as typer parameters after its own:
-    ``--in-place``, ``--overwrite``, ``--device``, ``--resume``, the engine's, then ``--json``,
-    ``--max-memory``, ``--allow-external``, ``-q``."""
-    wanted = ((in_place, _IN_PLACE), (overwrite, _OVERWRITE), (device, _DEVICE), (resume, _RESUME), (engine, _ENGINE))
+    ``--in-place``, ``--overwrite`` (``"file"``: its help speaks of a file only), ``--device``, ``--resume``,
+    the engine's, then ``--json``, ``--max-memory``, ``--allow-external``, ``-q``."""
+    replace = _OVERWRITE_FILE if overwrite == "file" else _OVERWRITE
+    wanted = ((in_place, _IN_PLACE), (overwrite, replace), (device, _DEVICE), (resume, _RESUME), (engine, _ENGINE))
     groups = [option for on, group in wanted if on for option in group] + _BASE
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:

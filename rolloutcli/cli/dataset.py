@@ -22,6 +22,10 @@ FilesArg = Annotated[
     list[str],
     typer.Argument(metavar="FILE", help="Rollout files, directories or globs (a dataset: -o names a folder)."),
 ]
+ReadFilesArg = Annotated[  # for the commands that write no file per input (no -o)
+    list[str],
+    typer.Argument(metavar="FILE", help="Rollout files, directories or globs (several: a dataset)."),
+]
 
 
 def resolve_inputs(files: list[str]) -> Any:

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rolloutcli.cli.common import Common, flag, with_common
-from rolloutcli.cli.dataset import FilesArg, resolve_inputs
+from rolloutcli.cli.dataset import ReadFilesArg, resolve_inputs
 from rolloutcli.cli.render import _num, _shape, _size, _table
 from rolloutcli.cli.stats import with_per_dim
 from rolloutcli.errors import RolloutError
@@ -20,7 +20,7 @@ EXAMPLE = "rolloutcli inspect sample_data/cartpole_gru.h5 --json"
 
 @with_common()
 def inspect(
-    files: FilesArg,
+    files: ReadFilesArg,
     strict: flag("--strict", text="Exit 1 when the data has problems.") = False,
     per_dim: flag("--per-dim", text="Per-dimension mean/std/min/max of observations and actions.") = False,
     *,

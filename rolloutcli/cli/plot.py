@@ -12,7 +12,7 @@ from rolloutcli.cli.common import Common, need_output, with_common
 EXAMPLE = "rolloutcli plot sample_data/cartpole_gru.h5 -o report.png"
 
 
-@with_common(overwrite=True)
+@with_common(overwrite="file")
 def plot(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="Rollout file (.h5).")],
     output: Annotated[

@@ -11,31 +11,34 @@ from rich.console import Console
 from rich.table import Table
 
 from rolloutcli.cli.common import Common, not_stdout, with_common
-from rolloutcli.cli.dataset import FilesArg, resolve_inputs
+from rolloutcli.cli.dataset import ReadFilesArg, resolve_inputs
 from rolloutcli.cli.render import _num
 
 EXAMPLE = "rolloutcli stats sample_data/cartpole_gru.h5 --normalizer obs_norm.pt --group policy"
 
+NormalizerOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--normalizer",
+        metavar="OUT.pt",
+        callback=not_stdout("--normalizer", "the normalizer is a torch.save file"),
+        help="Also write RSL-RL's EmpiricalNormalization state dict here.",
+    ),
+]
 
-@with_common(overwrite=True)
+
+@with_common(overwrite="file")
 def stats(
-    files: FilesArg,
-    normalizer: Annotated[
-        Path,
-        typer.Option(
-            "--normalizer",
-            metavar="OUT.pt",
-            callback=not_stdout("--normalizer", "the normalizer is a torch.save file"),
-            help="Write RSL-RL's EmpiricalNormalization state dict here.",
-        ),
-    ],
+    files: ReadFilesArg,
+    normalizer: NormalizerOpt = None,
     group: Annotated[
-        str | None, typer.Option("--group", help="Observation group (default: policy, or the only one).")
+        str | None,
+        typer.Option("--group", metavar="NAME", help="Observation group (default: policy, or the only one)."),
     ] = None,
     *,
     common: Common,
 ) -> None:
-    """Per-dimension observation statistics as an RSL-RL normalizer (torch.load + load_state_dict)."""
+    """Per-dimension observation statistics; --normalizer: also as an RSL-RL normalizer (load_state_dict)."""
     from rolloutcli.pipeline.normalizer import run_normalizer
 
     common.write(_render, normalizer, run_normalizer, resolve_inputs(files).files, normalizer, group)
@@ -43,10 +46,11 @@ def stats(
 
 def _render(console: Any, summary: dict[str, Any]) -> None:
     render_per_dim(console, summary["per_dim"])
-    console.print(
-        f"normalizer of observations/{summary['group']} {summary['shape']} over {summary['count']} rows "
-        f"-> {summary['output']}"
-    )
+    what = f"observations/{summary['group']} {summary['shape']} over {summary['count']} rows"
+    if summary["output"] is None:
+        console.print(f"statistics of {what}")
+    else:
+        console.print(f"normalizer of {what} -> {summary['output']}")
 
 
 def with_per_dim(render: Callable[..., None]) -> Callable[..., None]:

@@ -1,5 +1,6 @@
-"""``rolloutcli stats --normalizer``: the per-dimension statistics of one observation group, as the state dict of
-RSL-RL's ``EmpiricalNormalization`` (``_mean``, ``_var``, ``_std`` shaped ``[1, *obs_shape]``, ``count``).
+"""``rolloutcli stats``: the per-dimension statistics of one observation group; with ``--normalizer``, also the
+state dict of RSL-RL's ``EmpiricalNormalization`` (``_mean``, ``_var``, ``_std`` shaped ``[1, *obs_shape]``,
+``count``).
 
 ``_var`` is the exactly rounded variance over the count (RSL-RL's ``unbiased=False``), ``_std`` its square root,
 both over the finite values of each dimension (non-finite ones are counted and reported); ``count`` is the
@@ -40,20 +41,19 @@ def _group(reader: RolloutReader, group: str | None) -> str:
 
 def run_normalizer(
     src: Path | Sequence[Path],
-    dst: Path,
+    dst: Path | None,
     group: str | None,
     run: RunOptions,
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Write ``dst`` (``torch.save`` of a state dict) from the observations of ``group`` in ``src`` (a file, or
-    the files of a dataset, which must agree: exact over all of their rows)."""
-    import torch
-
+    """The statistics of the observations of ``group`` in ``src`` (a file, or the files of a dataset, which must
+    agree: exact over all of their rows); with ``dst``, also written there (``torch.save`` of a state dict)."""
     started, progress = time.perf_counter(), progress or Progress()
     files = [Path(src)] if isinstance(src, (str, Path)) else [Path(p) for p in src]
-    check_output_path(Path(dst), files, overwrite=overwrite)
+    if dst is not None:
+        check_output_path(Path(dst), files, overwrite=overwrite)
     if len(files) > 1:
         check_agreement(files, run.safety)
     scanned, rows = None, 0
@@ -64,6 +64,25 @@ def run_normalizer(
             scanned = merge_scans(scanned, scan_per_dim(reader, progress, {label: reader.schema.observation_keys[key]}))
             rows += reader.T * reader.N
     moments, shape = scanned[label]
+    if dst is not None:
+        _save_state(Path(dst), files, moments, shape, rows, overwrite)
+    report = per_dim_report(scanned)[label]
+    return {
+        "input": str(files[0]) if len(files) == 1 else [str(p) for p in files],
+        "output": None if dst is None else str(dst),
+        "group": key,
+        "shape": list(shape),
+        "count": rows,
+        "nonfinite": report["nonfinite_total"],
+        "per_dim": {label: report},
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _save_state(dst: Path, files: list[Path], moments: Any, shape: Sequence[int], rows: int, overwrite: bool) -> None:
+    """``torch.save`` the ``EmpiricalNormalization`` state dict to ``dst``, atomically."""
+    import torch
+
     mean = [m.as_dict()["mean"] or 0.0 for m in moments.dims]
     var = moments.population_variance()
     as_tensor = lambda values: torch.tensor(values, dtype=torch.float64).reshape(1, *shape).to(torch.float32)  # noqa: E731
@@ -73,16 +92,5 @@ def run_normalizer(
         "_std": as_tensor([math.sqrt(v) for v in var]),
         "count": torch.tensor(rows, dtype=torch.long),
     }
-    with atomic_file(Path(dst), inputs=files, overwrite=overwrite) as tmp:
+    with atomic_file(dst, inputs=files, overwrite=overwrite) as tmp:
         torch.save(state, tmp)
-    report = per_dim_report(scanned)[label]
-    return {
-        "input": str(files[0]) if len(files) == 1 else [str(p) for p in files],
-        "output": str(dst),
-        "group": key,
-        "shape": list(shape),
-        "count": rows,
-        "nonfinite": report["nonfinite_total"],
-        "per_dim": {label: report},
-        "seconds": time.perf_counter() - started,
-    }

@@ -66,15 +66,10 @@ def run_nstep(
     return run_derive(src, dst, make, run, name="nstep", overwrite=overwrite, in_place=in_place, progress=progress)
 
 
-def check_nstep_source(reader: RolloutReader, options: NStepOptions, budget: int, flag: str = "--n") -> str:
-    """Check what n-step windows need (``flag`` K fits T, final observations for time-outs); return the name of
-    the rewards to sum (``rewards_raw`` where the rewards hold a time-out bootstrap)."""
-    if options.n > reader.T:
-        raise RolloutError(
-            f"{reader.path}: {flag}: expected at most T = {reader.T} steps, found {options.n}. Pass {flag} "
-            f"{reader.T} or less.",
-            exit_code=EXIT_USAGE,
-        )
+def check_nstep_source(reader: RolloutReader, options: NStepOptions, budget: int) -> str:
+    """Check what n-step windows need (final observations for time-outs); return the name of the rewards to sum
+    (``rewards_raw`` where the rewards hold a time-out bootstrap). A K over T is no error: as in
+    :func:`rolloutcli.core.nstep.nstep_returns`, a window stops at the rollout's end (``rollout_end``)."""
     fields = reader.schema.fields
     if options.timeouts == "final-value" and "time_outs" in fields and not reader.schema.names("final_observations"):
         count = _count_time_outs(reader, budget)

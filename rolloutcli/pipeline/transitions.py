@@ -42,7 +42,8 @@ NEXT_TEXT = (
 @dataclass(frozen=True)
 class TransitionOptions:
     """What ``batch --transitions`` exports: ``n_step`` K rewards per transition discounted by ``gamma``, time-outs
-    by ``timeouts`` (``final-value`` or ``ignore``), ``num_mini_batches`` M shards per epoch."""
+    by ``timeouts`` (``final-value`` or ``ignore``), ``num_mini_batches`` M shards per epoch, or with
+    ``batch_size`` B (and M 0) M = ceil(transitions / B), as for the other modes."""
 
     num_mini_batches: int
     n_step: int = 1
@@ -51,6 +52,7 @@ class TransitionOptions:
     epochs: int = 1
     seed: int = 0
     compression: str | None = None
+    batch_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ def _fields(reader: RolloutReader) -> list[Field]:
 def transitions_job(reader: RolloutReader, options: TransitionOptions, budget: int) -> ExportJob:
     """``batch --transitions``' export job: every transition whose bootstrap observation is known, shuffled."""
     nstep = NStepOptions(options.n_step, options.gamma, options.timeouts)
-    rewards = check_nstep_source(reader, nstep, budget, flag="--n-step")
+    rewards = check_nstep_source(reader, nstep, budget)
     windows = _windows(reader, nstep, rewards, budget)
     known_end = all(f"last_observations/{key}" in reader.schema.fields for key in reader.schema.observation_keys)
     eligible = torch.ones((reader.T, reader.N), dtype=torch.bool) if known_end else windows.next_step != reader.T
@@ -171,11 +173,16 @@ def transitions_job(reader: RolloutReader, options: TransitionOptions, budget: i
         skipped = {"autoreset_steps": int(reset.sum())}
     rows = window_ends(eligible)
     held_back = reader.T * reader.N - rows.numel() - sum(skipped.values())
-    if options.num_mini_batches > rows.numel():
+    known = "(the transitions whose bootstrap observation is known)"
+    if options.batch_size is not None and options.batch_size > rows.numel():
         raise usage(
-            f"--num-mini-batches: expected at most {rows.numel()} (the transitions whose bootstrap observation is "
-            f"known), found {options.num_mini_batches}."
+            f"--batch-size: expected at most {rows.numel()} {known}, found {options.batch_size}; a mini-batch cannot "
+            "hold more than the data."
         )
+    if options.batch_size is not None:
+        options = replace(options, num_mini_batches=-(-rows.numel() // options.batch_size))
+    if options.num_mini_batches > rows.numel():
+        raise usage(f"--num-mini-batches: expected at most {rows.numel()} {known}, found {options.num_mini_batches}.")
     plan = history_plan(
         rows, options.num_mini_batches, options.epochs, generator=torch.Generator().manual_seed(options.seed)
     )
@@ -183,6 +190,8 @@ def transitions_job(reader: RolloutReader, options: TransitionOptions, budget: i
     fields = _fields(reader)
     counts = {"rows_per_epoch": rows.numel(), "held_back": held_back, "dropped_rows": 0, "dropped_envs": [], **skipped}
     record = asdict(options)
+    if options.batch_size is None:  # manifests of -m runs stay as they were
+        del record["batch_size"]
     return ExportJob(
         mode="transitions",
         fields=fields,

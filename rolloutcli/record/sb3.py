@@ -4,7 +4,11 @@ Per step it reads SB3's own locals: the observations the policy acted on, action
 rewards (``on_step`` runs before SB3 adds ``gamma * V(terminal observation)`` on truncations), ``dones``,
 ``time_outs`` (SB3's ``TimeLimit.truncated``: truncated and not terminated), the terminal observations and
 their values (``final_values``). ``last_values`` are SB3's own at the rollout's end. ``rolloutcli gae
---timeouts final-value`` with the algorithm's gamma and gae_lambda then gives SB3's returns.
+--timeouts final-value`` with the algorithm's gamma and gae_lambda then gives SB3's returns bit for bit when
+SB3's trace coefficient, ``gamma * gae_lambda`` multiplied in float64 and rounded once to float32, equals
+RSL-RL's, ``float32(gamma) * float32(gae_lambda)`` rounded to float32 (so for 0.99 and 0.95, SB3's defaults;
+not for 0.99 and 0.92 or 0.9 and 0.9), and within float32 rounding otherwise (tests/test_record_sb3.py).
+Advantages are RSL-RL's ``returns - values``, within one float32 rounding of SB3's.
 """
 
 from __future__ import annotations
