@@ -3,6 +3,7 @@
 Every fault, bad-input, hostile-file and fuzz table iterates ``COMMANDS``: adding a command to all of them is
 one line here. A command is described by how to build its argv from an input and an output path, what it
 writes (a file, a folder or only stdout), whether it replaces its input, and which kind of file it reads.
+``RECORDERS`` lists the recorders of ``rolloutcli.record`` beside them (``test_promises_recorders.py``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,42 @@ COMMANDS: dict[str, Command] = {
 }
 WRITERS = [name for name, command in COMMANDS.items() if command.writes]
 ROLLOUT_READERS = [name for name, command in COMMANDS.items() if command.source in ("rollout", "gae")]
+
+
+@dataclass(frozen=True)
+class Recorder:
+    """One row of the recorders' promise table.
+
+    Attributes:
+        library: the module it needs beyond rolloutcli (skipped when missing), or None.
+        record: ``record(folder, nan_at=(step, env) | None, fail_at=step | None) -> files`` (``record_factory``):
+            ``record_factory.FILES`` files of ``record_factory.T`` steps, ``rollout_<n>.h5``, counting steps over
+            all files.
+        gae: the ``gae`` arguments its files need (the time-out rule its trainer uses).
+        keeps_temporary: an exception the recorder is never told of (SB3 calls a callback at no exception) leaves
+            its unfinished file's temporary until the recorder is dropped (or Python exits), not at once.
+    """
+
+    library: str | None
+    record: Callable[..., list[Path]]
+    gae: tuple[str, ...] = ()
+    keeps_temporary: bool = False
+
+
+def _recorders() -> dict[str, Recorder]:
+    import record_factory as factory
+
+    final = ("--timeouts", "final-value")
+    return {
+        "RolloutWriter": Recorder(None, factory.record_writer),
+        "rsl_rl.attach": Recorder("rsl_rl", factory.record_rsl_rl),
+        "gym.RecordRollouts": Recorder("gymnasium", factory.record_gym, final),
+        "sb3.RolloutRecorderCallback": Recorder("stable_baselines3", factory.record_sb3, final, keeps_temporary=True),
+        "torchrl.write_tensordict": Recorder("tensordict", factory.record_torchrl, final),
+    }
+
+
+RECORDERS: dict[str, Recorder] = _recorders()
 
 
 # ---------------------------------------------------------------------------------------------------- inputs

@@ -74,6 +74,16 @@ class RolloutRecorderCallback(BaseCallback):
         return groups, values
 
     def _on_step(self) -> bool:
+        try:
+            self._record()
+        except BaseException:  # a refused step (NaN reward, a new field) ends the recording: no temporary stays
+            if self.writer is not None:
+                writer, self.writer = self.writer, None
+                writer.abort()
+            raise
+        return True
+
+    def _record(self) -> None:
         local = self.locals
         dones, infos = np.asarray(local["dones"], bool), local["infos"]
         time_outs = np.array(
@@ -94,7 +104,6 @@ class RolloutRecorderCallback(BaseCallback):
                 "final_values": final_values,
             }
         )
-        return True
 
     def _on_rollout_end(self) -> None:
         if self.writer is not None:
