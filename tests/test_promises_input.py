@@ -345,6 +345,28 @@ def test_a_reference_the_output_cannot_hold_is_refused(tmp_path: Path, cli) -> N
     _assert_refused(tmp_path, "split", src, before, code, out, err, "regions", "a region reference")
 
 
+def test_import_points_references_at_the_carried_copies_or_refuses(tmp_path: Path, cli) -> None:
+    """``import`` carries a source's unknown datasets verbatim: their references, nulled by libhdf5's copy, point
+    at the output's copies of their targets; one whose target was imported (changed in layout) is refused."""
+    src = make_input("d4rl", tmp_path / "in.h5")
+    with h5py.File(src, "a") as handle:
+        handle.create_dataset("extra", data=np.arange(5))
+        handle.create_dataset("index", data=np.array([handle["extra"].ref] * 2, object), dtype=h5py.ref_dtype)
+    code, out, err = cli("import", src, "-o", tmp_path / "out.h5")
+    assert code == 0, err
+    with h5py.File(tmp_path / "out.h5") as handle:
+        assert _targets(handle, "index") == ["/extra", "/extra"]
+    with h5py.File(src, "a") as handle:
+        handle["index"][1] = handle["rewards"].ref
+    code, out, err = cli("import", src, "-o", tmp_path / "refused.h5")
+    assert code == 1 and not (tmp_path / "refused.h5").exists()
+    assert err == (
+        f"error: {src}: field 'index': expected object references to objects the output keeps, found a reference "
+        "to an object the output does not hold, or a region reference. Nothing was written; point the references "
+        "at datasets the output keeps, or remove them.\n"
+    )
+
+
 # ------------------------------------------------------------------------------------------ no inputs
 
 FILE_ARGUMENT_READERS = [name for name, command in COMMANDS.items() if command.source != "d4rl"]  # import: a source

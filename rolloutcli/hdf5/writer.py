@@ -212,8 +212,8 @@ class RolloutOutput:
         object at ``rename(path)`` when there is one. Object references are re-pointed at the output's object
         of the renamed path; an attribute holding a reference with no such object (or a region reference) is
         not copied. Returns those attributes, as ``path@name``. Copied datasets of references are re-pointed the
-        same way first (:meth:`_repoint_datasets`)."""
-        self._repoint_datasets(rename)
+        same way first (:meth:`repoint_references`)."""
+        self.repoint_references(rename)
         source, dropped = self._source(), []
         names = [""]
         source.guard(lambda: source.handle.visit(names.append))
@@ -234,7 +234,7 @@ class RolloutOutput:
                 self._do(lambda out=out, key=key, value=value, dtype=dtype: out.attrs.create(key, value, dtype=dtype))
         return dropped
 
-    def _repoint_datasets(self, rename: Callable[[str], str | None]) -> None:
+    def repoint_references(self, rename: Callable[[str], str | None]) -> None:
         """Write each copied dataset of references again, every reference re-pointed at the output's object of
         the renamed path, in blocks of rows; one that cannot be (no such object, a region reference) is refused:
         a dangling or nulled reference would lose what the input said."""

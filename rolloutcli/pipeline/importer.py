@@ -315,6 +315,9 @@ def _write(plan: Plan, source: Any, out: RolloutOutput, budget: int, progress: P
     _write_computed(plan, source, out, budget)
     if isinstance(source, H5Input):
         out.copy(plan.verbatim, lambda name: plan.verbatim[name])
+        # libhdf5's copy nulls references: each is pointed again at the output's copy of its target, the only
+        # objects kept as they were (one to an imported field, changed in layout, or elsewhere is refused)
+        out.repoint_references(lambda name: plan.verbatim.get(name) if name else "")
     else:
         for name, target in plan.verbatim.items():  # a tensor's rows in blocks of the budget too
             info = source.datasets[name]
