@@ -72,6 +72,8 @@ def _is_old(dst: Path) -> bool:
 
 def _argv(name: str, src: Path, dst: Path | None, old: bool) -> list[str]:
     extra = ["--max-memory", "64K"] + (["--overwrite"] if old and COMMANDS[name].writes else [])
+    if name.startswith("batch"):  # a shard is built whole in memory: BIG's (<= 227K) fit this, still many blocks
+        extra += ["--max-memory", "256K", *(["-m", "16"] if "transitions" in name else [])]  # (the last one counts)
     return COMMANDS[name].argv(src, dst, *extra)
 
 
