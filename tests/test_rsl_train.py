@@ -106,12 +106,16 @@ def test_observations_are_the_source_rows_in_rsl_rl_order(tmp_path: Path, mode: 
         assert torch.equal(observations[key], torch.from_numpy(arrays[f"observations/{key}"]))
 
 
-def test_dropped_rows_leave_the_rows_held_in_source_order(tmp_path: Path) -> None:
-    arrays = _arrays(None)
+@pytest.mark.parametrize(
+    ("mode", "held"), [("feedforward", 56), ("recurrent", 4 * T)]
+)  # 60 rows % 7: 4 dropped; 6 envs // 4: one env per mini-batch, 2 envs dropped
+def test_dropped_rows_leave_the_rows_held_in_source_order(tmp_path: Path, mode: str, held: int) -> None:
+    arrays = _arrays("gru")
     src = write_rollout(tmp_path / "src.h5", arrays)
-    run_batch(src, tmp_path / "s", BatchOptions(7, seed=3, rsl_parity=True), RunOptions())  # 60 % 7: 4 dropped
+    M = 7 if mode == "feedforward" else 4
+    run_batch(src, tmp_path / "s", BatchOptions(M, seed=3, mode=mode, rsl_parity=True), RunOptions())
     observations = ShardStorage(tmp_path / "s").observations
-    assert observations.batch_size == (1, 56)
+    assert observations.batch_size == (1, held)
     flat = torch.from_numpy(arrays["observations/policy"]).flatten(0, 1)
     kept = observations["policy"][0]
     assert torch.equal(kept, flat[torch.isin(flat[:, 0], kept[:, 0])])  # identifiable rows, ascending
