@@ -25,6 +25,8 @@ _LAZY = {
     "RolloutStorage": "rolloutcli.storage",
     "ShardDataset": "rolloutcli.shards",
     "Batch": "rolloutcli.minibatch",
+    "ShardStorage": "rolloutcli.rsl_train",
+    "update_from_shards": "rolloutcli.rsl_train",
     "RolloutDataset": "rolloutcli.rollout_dataset",
     "TrajectoryDataset": "rolloutcli.rollout_dataset",
 }
