@@ -181,6 +181,28 @@ def _alone(mode: str, what: str, others: dict[str, bool]) -> None:
         )
 
 
+_ORDERS = {  # (mode, RSL-RL parity): the order in a user's words; the manifest's "order" spells out the algorithm
+    ("feedforward", False): "rows shuffled anew each epoch",
+    ("feedforward", True): "RSL-RL's shuffle, one for all epochs",
+    ("recurrent", False): "groups of neighbouring envs, the same every epoch",
+    ("recurrent", True): "RSL-RL's groups of N // M neighbouring envs, the same every epoch",
+    ("distillation", False): "consecutive steps, as RSL-RL's generator(), the same every epoch",
+    ("history", False): "windows shuffled anew each epoch",
+    ("transitions", False): "transitions shuffled anew each epoch",
+}
+
+
+def order_words(summary: dict[str, Any]) -> str:
+    """How the mini-batches were drawn, and the seed where one was used (docs/commands.md: the algorithms)."""
+    mode, parity = summary["mode"], bool(summary.get("rsl_parity"))
+    if summary.get("shuffle_envs"):
+        words = "envs shuffled into new groups each epoch"
+    else:
+        words = _ORDERS[(mode, parity)]
+    seeded = "shuffle" in words
+    return f"{words}, seed {summary['seed']}" if seeded else words
+
+
 # Below this many bytes written a throughput figure says more about start-up than about writing.
 _RATE_MIN_BYTES = 64 << 20
 
@@ -209,7 +231,7 @@ def render_batch(console: Console, summary: dict[str, Any]) -> None:
             f"{summary['timeouts']}; {summary['held_back']} held back (bootstrap observation unknown)"
             + (f", {summary['autoreset_steps']} autoreset steps left out" if "autoreset_steps" in summary else "")
         )
-    console.print(f"order: {summary['order']} (seed {summary['seed']})")
+    console.print(f"order: {order_words(summary)}")
     if summary["dropped_rows"]:
         envs = f" ({len(summary['dropped_envs'])} envs)" if summary["dropped_envs"] else ""
         console.print(f"dropped (RSL-RL parity): {summary['dropped_rows']} rows{envs}")
