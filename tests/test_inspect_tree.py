@@ -18,8 +18,6 @@ from rollout_factory import rollout_arrays, write_rollout
 
 from rolloutcli.cli.inspect import histogram_lines
 from rolloutcli.cli.render import command_lines, fit, grid
-from rolloutcli.cli.inspect import histogram_lines
-from rolloutcli.cli.render import command_lines, fit, grid
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.split import SplitOptions, run_split
 
@@ -187,7 +185,10 @@ def test_every_command_fits_80_columns_and_never_breaks_a_name(tmp_path: Path, c
         arrays = rollout_arrays(T=16, N=4, seed=i)
         arrays[LONG_GROUP] = arrays["observations/policy"][..., :3].copy()
         write_rollout(dataset / f"recording_number_{i}.h5", arrays)
-    d4rl, minari = make_d4rl(work / "d4rl.hdf5", [3, 4]), make_minari(tmp_path / work / "minari", 2)[0].relative_to(tmp_path)
+    d4rl, minari = (
+        make_d4rl(work / "d4rl.hdf5", [3, 4]),
+        make_minari(tmp_path / work / "minari", 2)[0].relative_to(tmp_path),
+    )
     runs: list[tuple] = []
     for src in [*sorted(SAMPLE.parent.glob("*.h5")), dataset]:
         (out := work / f"{src.stem}_outputs").mkdir()
@@ -213,7 +214,10 @@ def test_every_command_fits_80_columns_and_never_breaks_a_name(tmp_path: Path, c
                 ("inspect", out / "ff"),
             ]
     runs += [("inspect", d4rl), ("inspect", minari), ("inspect", minari / "data" / "main_data.hdf5")]
-    runs += [("import", d4rl, "-o", work / "d4rl.h5"), ("plot", work / "cartpole_gru_outputs" / "gae.h5", "-o", work / "p.png")]
+    runs += [
+        ("import", d4rl, "-o", work / "d4rl.h5"),
+        ("plot", work / "cartpole_gru_outputs" / "gae.h5", "-o", work / "p.png"),
+    ]
     names = [LONG_GROUP, *(f"hidden_states/{net}/{i}" for net in ("actor", "critic") for i in (0, 1))]
     for args in runs:
         code, text, err = cli(*args)

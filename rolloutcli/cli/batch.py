@@ -216,10 +216,10 @@ def render_batch(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"batch {source} -> {summary['output']}  ({summary['mode']}, {steps}, N={summary['N']})")
     unit = "windows" if summary["mode"] == "history" else "rows"
     console.print(
-        f"{summary['entries']} mini-batches ({summary['epochs']} epoch(s) x {summary['num_mini_batches']}) in "
-        f"{summary['files']} shard file(s), {_size(summary['bytes_written'])}, "
+        f"{summary['entries']} mini-batches ({summary['epochs']} epoch(s) x {summary['num_mini_batches']}), "
         f"{summary['rows_per_epoch']} {unit} per epoch"
     )
+    console.print(f"  in {summary['files']} shard file(s), {_size(summary['bytes_written'])}")
     if summary["mode"] == "history":
         episodes = "straddling episode ends" if summary["across_episodes"] else "inside one episode"
         console.print(
@@ -227,8 +227,10 @@ def render_batch(console: Console, summary: dict[str, Any]) -> None:
         )
     if summary["mode"] == "transitions":
         console.print(
-            f"transitions: {summary['n_step']}-step returns, gamma {summary['gamma']}, time-outs: "
-            f"{summary['timeouts']}; {summary['held_back']} held back (bootstrap observation unknown)"
+            f"transitions: {summary['n_step']}-step returns, gamma {summary['gamma']}, time-outs: {summary['timeouts']}"
+        )
+        console.print(
+            f"  {summary['held_back']} held back (bootstrap observation unknown)"
             + (f", {summary['autoreset_steps']} autoreset steps left out" if "autoreset_steps" in summary else "")
         )
     console.print(f"order: {order_words(summary)}")
@@ -237,11 +239,12 @@ def render_batch(console: Console, summary: dict[str, Any]) -> None:
         console.print(f"dropped (RSL-RL parity): {summary['dropped_rows']} rows{envs}")
     gae = summary.get("gae") or {}
     if gae.get("gamma") is not None:
-        mixed = " (each file's, in order: they differ)" if any(isinstance(v, list) for v in gae.values()) else ""
         console.print(
-            f"gae from the source{mixed}: gamma {gae['gamma']}  lambda {gae['lambda']}  "
+            f"gae from the source: gamma {gae['gamma']}  lambda {gae['lambda']}  "
             f"normalized {gae['advantages_normalized']}"
         )
+        if any(isinstance(v, list) for v in gae.values()):
+            console.print("  (a list: each file's value, in file order; the files differ)")
     how = f"streamed in {summary['blocks']} blocks" if summary["streamed"] else "in memory"
     seconds, written = summary["seconds"], summary["bytes_written"]
     rate = f", {written / seconds / 1e9:.2f} GB/s written" if written >= _RATE_MIN_BYTES and seconds > 0 else ""

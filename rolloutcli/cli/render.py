@@ -173,7 +173,9 @@ class RichProgress(Progress):
             stderr.print(f"warning: {one_line(message)}")
 
 
-def grid(width: int, title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]], right: tuple[str, ...] = ()) -> list[str]:
+def grid(
+    width: int, title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]], right: tuple[str, ...] = ()
+) -> list[str]:
     """A table as lines of text, every table alike: the title, the header, a rule, a row per item; columns two
     spaces apart, ``right`` ones right-justified. The first column holds names and gives way first: a name
     longer than the ``width`` the other columns leave stands on a line of its own, its cells on the next."""
