@@ -66,7 +66,7 @@ class FitConsole(Console):
     @property
     def size(self) -> ConsoleDimensions:
         size = super().size
-        if self.is_terminal or (self._environ.get("COLUMNS") or "").isdigit():
+        if self.is_terminal or self._width is not None or (self._environ.get("COLUMNS") or "").isdigit():
             return size
         return ConsoleDimensions(PIPE_WIDTH, size.height)
 
