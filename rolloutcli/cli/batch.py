@@ -198,7 +198,7 @@ def order_words(summary: dict[str, Any]) -> str:
     if summary.get("shuffle_envs"):
         words = "envs shuffled into new groups each epoch"
     else:
-        words = _ORDERS[(mode, parity)]
+        words = _ORDERS.get((mode, parity)) or _ORDERS[(mode, False)]  # parity where a mode has its own
     seeded = "shuffle" in words
     return f"{words}, seed {summary['seed']}" if seeded else words
 

@@ -180,17 +180,18 @@ def grid(
     spaces apart, ``right`` ones right-justified. The first column holds names and gives way first: a name
     longer than the ``width`` the other columns leave stands on a line of its own, its cells on the next."""
     cells = [[str(c) for c in row] for row in rows]
-    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(columns)]
+    widths = [max([cell_len(h), *(cell_len(r[i]) for r in cells)]) for i, h in enumerate(columns)]
     rest = sum(widths[1:]) + 2 * (len(columns) - 1)
-    widths[0] = min(widths[0], max(len(columns[0]), width - rest))
+    widths[0] = min(widths[0], max(cell_len(columns[0]), width - rest))
 
     def line(row: list[str] | tuple[str, ...]) -> str:
-        parts = (c.rjust(w) if h in right else c.ljust(w) for c, w, h in zip(row, widths, columns, strict=True))
+        pads = (" " * (w - cell_len(c)) for c, w in zip(row, widths, strict=True))
+        parts = (p + c if h in right else c + p for c, p, h in zip(row, pads, columns, strict=True))
         return "  ".join(parts).rstrip()
 
     lines = [title, line(columns), "─" * min(width, sum(widths) + 2 * (len(columns) - 1))]
     for row in cells:
-        if len(row[0]) > widths[0]:
+        if cell_len(row[0]) > widths[0]:
             lines.append(row[0])
             row = ["", *row[1:]]
         lines.append(line(row))
