@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import os
 import queue
 import re
@@ -89,6 +90,7 @@ COMMANDS: dict[str, Command] = {
     "batch --offline": Command(lambda s, d: ["batch", s, "-o", d, "-m", "4", "--offline"], output="folder"),
 }
 WRITERS = [name for name, command in COMMANDS.items() if command.writes]
+WIDTH = 80  # the columns of human output when stdout is not a terminal (issue 41.5)
 ROLLOUT_READERS = [name for name, command in COMMANDS.items() if command.source in ("rollout", "gae")]
 
 
@@ -373,3 +375,30 @@ def run_rolloutcli(
         if line is not None:
             err.append(line)
     return Run(process.returncode, "".join(out_parts), "".join(err), paused, time.perf_counter() - started)
+
+
+def assert_fits(text: str, names: Sequence[str]) -> None:
+    """Human output: every line within ``WIDTH`` columns, and no name broken across two lines: neither wrapped
+    (a line ends with its head, the next starts with its tail) nor folded in a table column (head and tail at
+    the same column of consecutive lines)."""
+    lines = text.splitlines()
+    assert lines, "no output"
+    assert not [line for line in lines if len(line) > WIDTH], [line for line in lines if len(line) > WIDTH]
+    for a, b in itertools.pairwise(lines):
+        for name in names:
+            for k in range(1, len(name)):
+                head, tail = name[:k], name[k:]
+                wrapped = a.rstrip().endswith(head) and b.lstrip().startswith(tail)
+                folded = any(b[c : c + len(tail)] == tail and b[c - 1 : c].strip() == "" for c in _cells(a, head))
+                assert not (wrapped or folded), f"{name} broken across lines:\n{a}\n{b}"
+
+
+def _cells(line: str, part: str) -> list[int]:
+    """The columns where ``part`` stands as a whole cell of ``line`` (spaces or the line's ends around it)."""
+    return [
+        c
+        for c in range(len(line))
+        if line.startswith(part, c)
+        and line[c - 1 : c].strip() == ""
+        and line[c + len(part) : c + len(part) + 1].strip() == ""
+    ]

@@ -17,7 +17,16 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from promises import COMMANDS, ROLLOUT_READERS, digest, error_lines, input_from_arrays, make_input, temporaries
+from promises import (
+    COMMANDS,
+    ROLLOUT_READERS,
+    assert_fits,
+    digest,
+    error_lines,
+    input_from_arrays,
+    make_input,
+    temporaries,
+)
 from rollout_factory import rollout_arrays
 
 Arrays = dict[str, np.ndarray]
@@ -455,3 +464,25 @@ def test_every_command_succeeds_or_fails_cleanly(
         assert len(error_lines(err)) == 1 and out == ""
         assert digest(src) == before and sorted(os.listdir(folder)) == ["in.h5"]
     assert temporaries(folder) == []
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_human_output_fits_80_columns_and_never_breaks_a_name(tmp_path: Path, cli, monkeypatch, name: str) -> None:
+    """Each command's summary, captured (not a terminal, so 80 columns): no line wider, no name broken; long
+    dataset names included (issue 41.5)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.chdir(tmp_path)  # paths as a user types them (an 80-column path could not fit a line)
+    command = COMMANDS[name]
+    group = "observations/proprioception_of_the_whole_robot_arm"
+    arrays = rollout_arrays(T=16, N=4)
+    arrays[group] = arrays["observations/policy"][..., :3].copy()
+    try:
+        src = input_from_arrays(command.source, Path("a_recording_with_a_long_descriptive_name.h5"), arrays)
+    except Exception:  # the flat D4RL layout holds no observation groups: its plain input
+        src = make_input(command.source, Path("a_recording_with_a_long_descriptive_name.h5"))
+    dst = command.output_path(src, Path("an_output_folder_named_at_length"))
+    Path("an_output_folder_named_at_length").mkdir()
+    argv = [arg for arg in command.args(str(src), str(dst)) if arg != "--json"]
+    code, out, err = cli(*argv)
+    assert code == 0, err
+    assert_fits(out, [group, str(src), str(dst)])

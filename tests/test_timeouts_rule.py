@@ -257,6 +257,6 @@ def test_nstep_and_transitions_print_the_rule_they_applied(tmp_path: Path, cli) 
             "batch", source, "-o", tmp_path / f"b_{rule}", "-m", "2", "--transitions", "--timeouts", rule
         )
         assert code == 0, err
-        assert f"time-outs: {rule};" in text
+        assert f"transitions: 1-step returns, gamma 0.99, time-outs: {rule}\n" in text  # its own line (issue 41.5)
     code, text, _ = cli("nstep", source, "-o", tmp_path / "n.h5", "--json")
     assert json.loads(text)["timeouts"] == "final-value"  # the default, named

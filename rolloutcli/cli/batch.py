@@ -181,6 +181,28 @@ def _alone(mode: str, what: str, others: dict[str, bool]) -> None:
         )
 
 
+_ORDERS = {  # (mode, RSL-RL parity): the order in a user's words; the manifest's "order" spells out the algorithm
+    ("feedforward", False): "rows shuffled anew each epoch",
+    ("feedforward", True): "RSL-RL's shuffle, one for all epochs",
+    ("recurrent", False): "groups of neighbouring envs, the same every epoch",
+    ("recurrent", True): "RSL-RL's groups of N // M neighbouring envs, the same every epoch",
+    ("distillation", False): "consecutive steps, as RSL-RL's generator(), the same every epoch",
+    ("history", False): "windows shuffled anew each epoch",
+    ("transitions", False): "transitions shuffled anew each epoch",
+}
+
+
+def order_words(summary: dict[str, Any]) -> str:
+    """How the mini-batches were drawn, and the seed where one was used (docs/commands.md: the algorithms)."""
+    mode, parity = summary["mode"], bool(summary.get("rsl_parity"))
+    if summary.get("shuffle_envs"):
+        words = "envs shuffled into new groups each epoch"
+    else:
+        words = _ORDERS.get((mode, parity)) or _ORDERS[(mode, False)]  # parity where a mode has its own
+    seeded = "shuffle" in words
+    return f"{words}, seed {summary['seed']}" if seeded else words
+
+
 # Below this many bytes written a throughput figure says more about start-up than about writing.
 _RATE_MIN_BYTES = 64 << 20
 
@@ -194,10 +216,10 @@ def render_batch(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"batch {source} -> {summary['output']}  ({summary['mode']}, {steps}, N={summary['N']})")
     unit = "windows" if summary["mode"] == "history" else "rows"
     console.print(
-        f"{summary['entries']} mini-batches ({summary['epochs']} epoch(s) x {summary['num_mini_batches']}) in "
-        f"{summary['files']} shard file(s), {_size(summary['bytes_written'])}, "
+        f"{summary['entries']} mini-batches ({summary['epochs']} epoch(s) x {summary['num_mini_batches']}), "
         f"{summary['rows_per_epoch']} {unit} per epoch"
     )
+    console.print(f"  in {summary['files']} shard file(s), {_size(summary['bytes_written'])}")
     if summary["mode"] == "history":
         episodes = "straddling episode ends" if summary["across_episodes"] else "inside one episode"
         console.print(
@@ -205,21 +227,24 @@ def render_batch(console: Console, summary: dict[str, Any]) -> None:
         )
     if summary["mode"] == "transitions":
         console.print(
-            f"transitions: {summary['n_step']}-step returns, gamma {summary['gamma']}, time-outs: "
-            f"{summary['timeouts']}; {summary['held_back']} held back (bootstrap observation unknown)"
+            f"transitions: {summary['n_step']}-step returns, gamma {summary['gamma']}, time-outs: {summary['timeouts']}"
+        )
+        console.print(
+            f"  {summary['held_back']} held back (bootstrap observation unknown)"
             + (f", {summary['autoreset_steps']} autoreset steps left out" if "autoreset_steps" in summary else "")
         )
-    console.print(f"order: {summary['order']} (seed {summary['seed']})")
+    console.print(f"order: {order_words(summary)}")
     if summary["dropped_rows"]:
         envs = f" ({len(summary['dropped_envs'])} envs)" if summary["dropped_envs"] else ""
         console.print(f"dropped (RSL-RL parity): {summary['dropped_rows']} rows{envs}")
     gae = summary.get("gae") or {}
     if gae.get("gamma") is not None:
-        mixed = " (each file's, in order: they differ)" if any(isinstance(v, list) for v in gae.values()) else ""
         console.print(
-            f"gae from the source{mixed}: gamma {gae['gamma']}  lambda {gae['lambda']}  "
+            f"gae from the source: gamma {gae['gamma']}  lambda {gae['lambda']}  "
             f"normalized {gae['advantages_normalized']}"
         )
+        if any(isinstance(v, list) for v in gae.values()):
+            console.print("  (a list: each file's value, in file order; the files differ)")
     how = f"streamed in {summary['blocks']} blocks" if summary["streamed"] else "in memory"
     seconds, written = summary["seconds"], summary["bytes_written"]
     rate = f", {written / seconds / 1e9:.2f} GB/s written" if written >= _RATE_MIN_BYTES and seconds > 0 else ""

@@ -6,16 +6,16 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from rolloutcli.cli.common import Common, flag, with_common
 from rolloutcli.cli.dataset import ReadFilesArg, resolve_inputs
-from rolloutcli.cli.render import _num, _shape, _size, _table
+from rolloutcli.cli.render import _num, _shape, _size, command_lines, print_grid
 from rolloutcli.cli.stats import with_per_dim
 from rolloutcli.errors import RolloutError
 
 EXAMPLE = "rolloutcli inspect sample_data/cartpole_gru.h5 --json"
+FOLDER_MARKERS = ("manifest.json", "data/main_data.hdf5")  # a shard folder, a Minari dataset: one report each
 
 
 @with_common()
@@ -29,7 +29,8 @@ def inspect(
     """Show what a rollout file holds: fields, episodes, reward/value statistics, warnings."""
     from rolloutcli.pipeline.inspect import run_inspect
 
-    if len(files) == 1 and (Path(files[0]) / "manifest.json").is_file():  # a shard folder, not a dataset
+    folder = Path(files[0])
+    if len(files) == 1 and any((folder / marker).is_file() for marker in FOLDER_MARKERS):  # not a dataset
         dataset, file = None, Path(files[0])
     else:
         dataset = resolve_inputs(files)
@@ -62,30 +63,15 @@ def render_inspect(console: Console, report: dict[str, Any]) -> None:
             f"format={fmt['name'] or 'unlabelled'} v{fmt['version'] or '-'}",
         )
     )
-    fields = _table(
-        "fields",
-        ("dataset", "shape", "dtype", "chunks", "filters", "size"),
-        ("size",),
-        ("dataset", "chunks", "filters"),
-    )
+    rows = []
     for spec in report["fields"]:
         chunks = _shape(spec["chunks"]) if spec["chunks"] else "contiguous"
-        row = (spec["name"], _shape(spec["shape"]), spec["dtype"], chunks, spec["compression"] or "-")
-        fields.add_row(*(Text(str(cell)) for cell in row), _size(spec["nbytes"]))
-    console.print(fields)
+        cells = (spec["name"], _shape(spec["shape"]), spec["dtype"], chunks, spec["compression"] or "-")
+        rows.append((*cells, _size(spec["nbytes"])))
+    print_grid(console, "fields", ("dataset", "shape", "dtype", "chunks", "filters", "size"), rows, ("size",))
     _episodes(console, report["episodes"])
 
-    stats = _table(
-        "statistics",
-        ("field", "mean", "std", "min", "max", "non-finite"),
-        right=("mean", "std", "min", "max", "non-finite"),
-    )
-    for name in ("rewards", "values", "last_values", "advantages", "returns"):
-        moments = report.get(name)
-        if moments:
-            stats.add_row(name, *(_num(moments[k]) for k in ("mean", "std", "min", "max", "nonfinite")))
-    console.print(stats)
-
+    _statistics(console, "statistics", report)
     for net, layout in report["hidden_states"].items():
         console.print(f"hidden state ({net}): {layout['type']}, {layout['layers']} layer(s), size {layout['size']}")
     if report["gae"]:
@@ -101,6 +87,18 @@ def render_inspect(console: Console, report: dict[str, Any]) -> None:
     _attrs_and_nonfinite(console, report)
     for warning in report["warnings"]:
         console.print(Text.assemble(("warning", "yellow"), f": {warning}"))
+
+
+STAT_COLUMNS = ("field", "mean", "std", "min", "max", "non-finite")
+
+
+def _statistics(console: Console, title: str, report: dict[str, Any]) -> None:
+    rows = []
+    for name in ("rewards", "values", "last_values", "advantages", "returns"):
+        moments = report.get(name)
+        if moments:
+            rows.append((name, *(_num(moments[k]) for k in ("mean", "std", "min", "max", "nonfinite"))))
+    print_grid(console, title, STAT_COLUMNS, rows, STAT_COLUMNS[1:])
 
 
 def _timeouts_line(console: Console, timeouts: dict[str, Any]) -> None:
@@ -120,32 +118,33 @@ def _attrs_and_nonfinite(console: Console, report: dict[str, Any]) -> None:
         console.print(f"non-finite: {bad['dataset']}: {bad['count']} values, first at {where}")
 
 
-def _attr_lines(console: Console, title: str, attrs: dict[str, Any], width: int = 80) -> None:
-    """Attributes one per line, each cut to ``width`` columns (--json has them whole)."""
+def _attr_lines(console: Console, title: str, attrs: dict[str, Any]) -> None:
+    """Attributes one per line, each cut to the console's width (--json has them whole)."""
     if attrs:
         console.print(f"{title}:")
     for key, value in attrs.items():
         line = f"  {key} = {value}"
-        console.print(line if len(line) <= width else line[: width - 3] + "...")
+        console.print(line if len(line) <= console.width else line[: console.width - 3] + "...")
 
 
 def render_tree(console: Console, report: dict[str, Any]) -> None:
     """Print the tree of a file outside the contract, then the line that says what to do with it."""
     console.print(Text.assemble((report["file"], "bold"), f"  {report['kind']}  (not a rollout file)"))
     if report["tree"]:
-        tree = _table("objects", ("path", "shape", "dtype", "chunks", "filters"), fold=("path", "chunks", "filters"))
+        rows = []
         for entry in report["tree"]:
             dataset = "shape" in entry
             chunks = _shape(entry["chunks"]) if entry.get("chunks") else "contiguous" if dataset else ""
-            cells = (
-                entry["path"],
-                _shape(entry["shape"]) if dataset else "group",
-                entry.get("dtype", ""),
-                chunks,
-                entry.get("compression") or ("-" if dataset else ""),
+            rows.append(
+                (
+                    entry["path"],
+                    _shape(entry["shape"]) if dataset else "group",
+                    entry.get("dtype", ""),
+                    chunks,
+                    entry.get("compression") or ("-" if dataset else ""),
+                )
             )
-            tree.add_row(*(Text(c) for c in cells))
-        console.print(tree)
+        print_grid(console, "objects", ("path", "shape", "dtype", "chunks", "filters"), rows)
         if report["objects"] > len(report["tree"]):
             console.print(f"... {report['objects'] - len(report['tree'])} more objects (--json lists the first ones)")
         for entry in report["tree"]:
@@ -156,35 +155,61 @@ def render_tree(console: Console, report: dict[str, Any]) -> None:
         first = f"row {bad['first_step']}" + (f", column {bad['first_env']}" if bad["first_env"] is not None else "")
         console.print(f"non-finite: {bad['dataset']}: {bad['count']} values, first at {first}")
     for warning in report["warnings"]:
-        console.print(Text.assemble(("warning", "yellow"), f": {warning}"))
+        command = report.get("command")
+        if warning == report["problem"] and command:  # the command on a line of its own, whole, to copy
+            console.print(Text.assemble(("warning", "yellow"), f": {warning.removesuffix(command).rstrip()}"))
+            for line in command_lines(command, console.width):
+                console.print(line)
+        else:
+            console.print(Text.assemble(("warning", "yellow"), f": {warning}"))
 
 
 def _episodes(console: Console, episodes: dict[str, Any]) -> None:
+    """The episodes: counts, lengths, the length histogram (a run of empty bins on one line), episodes per env."""
     lengths = episodes["lengths"]
     console.print(
         Text.assemble(
             ("episodes", "bold"),
             f": {episodes['completed']} completed ({episodes['terminations']} terminations, "
-            f"{episodes['time_outs']} time-outs), {episodes['started_before_recording']} started before the "
-            f"recording, {episodes['unfinished']} unfinished at the end",
+            f"{episodes['time_outs']} time-outs)",
         )
+    )
+    console.print(
+        f"  {episodes['started_before_recording']} started before the recording, "
+        f"{episodes['unfinished']} unfinished at the end"
     )
     if episodes.get("autoreset_steps"):
         console.print(f"  {episodes['autoreset_steps']} autoreset steps (no transition: not counted as episodes)")
     if lengths["count"]:
         console.print(
             f"  length of {lengths['count']} fully recorded episodes: min {lengths['min']}  "
-            f"mean {lengths['mean']:.1f}  p5 {lengths['p5']}  p25 {lengths['p25']}  "
-            f"median {lengths['p50']}  p75 {lengths['p75']}  p95 {lengths['p95']}  max {lengths['max']}"
+            f"mean {lengths['mean']:.1f}  max {lengths['max']}"
         )
-    bins = episodes["histogram"]
-    peak = max((b["count"] for b in bins), default=0) or 1
-    for b in bins:
-        label = f"{b['from']}-{b['to']}" if b["from"] != b["to"] else f"{b['from']}"
-        bar = "█" * max(1 if b["count"] else 0, round(40 * b["count"] / peak))
-        console.print(f"  {label:>11} | {bar} {b['count']}")
+        console.print(
+            f"  percentiles: p5 {lengths['p5']}  p25 {lengths['p25']}  median {lengths['p50']}  "
+            f"p75 {lengths['p75']}  p95 {lengths['p95']}"
+        )
+    for line in histogram_lines(episodes["histogram"]):
+        console.print(line)
     per_env = episodes["per_env"]
     console.print(f"  episodes per env: min {per_env['min']}  mean {per_env['mean']:.2f}  max {per_env['max']}")
+
+
+def histogram_lines(bins: list[dict[str, int]]) -> list[str]:
+    """A line per bin, bars scaled to 40 cells; consecutive empty bins share one line (their whole range)."""
+    peak = max((b["count"] for b in bins), default=0) or 1
+    merged: list[dict[str, int]] = []
+    for b in bins:
+        if merged and not b["count"] and not merged[-1]["count"]:
+            merged[-1] = {**merged[-1], "to": b["to"]}
+        else:
+            merged.append(b)
+    lines = []
+    for b in merged:
+        label = f"{b['from']}-{b['to']}" if b["from"] != b["to"] else f"{b['from']}"
+        bar = "█" * max(1 if b["count"] else 0, round(40 * b["count"] / peak))
+        lines.append(f"  {label:>11} | {bar + ' ' if bar else ''}{b['count']}")
+    return lines
 
 
 def render_inspect_dataset(console: Any, report: dict[str, Any]) -> None:
@@ -194,20 +219,13 @@ def render_inspect_dataset(console: Any, report: dict[str, Any]) -> None:
         f"{report['dataset']}  {totals['files']} files  {_size(totals['bytes'])}  {totals['steps']} steps  "
         f"{totals['envs']} envs  {totals['episodes']} episodes"
     )
-    files = Table(title="files", title_justify="left")
-    for column in ("file", "T", "N", "steps", "episodes", "size", "warnings"):
-        files.add_column(column, justify="left" if column == "file" else "right", no_wrap=column == "file")
+    rows = []
     for row in report["files"]:
         cells = (row["name"], row["T"], row["N"], row["steps"], row["episodes"], _size(row["size_bytes"]))
-        files.add_row(*(str(c) for c in cells), str(row["warnings"]))
-    console.print(files)
+        rows.append((*cells, row["warnings"]))
+    columns = ("file", "T", "N", "steps", "episodes", "size", "warnings")
+    print_grid(console, "files", columns, rows, columns[1:])
     _episodes(console, report["episodes"])
-    stats = Table(title="statistics over all files", title_justify="left")
-    for column in ("field", "mean", "std", "min", "max", "non-finite"):
-        stats.add_column(column, justify="right")
-    for name in ("rewards", "values", "last_values", "advantages", "returns"):
-        if report.get(name):
-            stats.add_row(name, *(_num(report[name][k]) for k in ("mean", "std", "min", "max", "nonfinite")))
-    console.print(stats)
+    _statistics(console, "statistics over all files", report)
     for warning in report["warnings"]:
         console.print(f"warning: {warning}")

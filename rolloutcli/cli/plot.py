@@ -29,7 +29,6 @@ def plot(
 
 
 def _render(console: Any, summary: dict[str, Any]) -> None:
-    console.print(
-        f"plot {summary['input']} -> {summary['output']}: {len(summary['panels'])} panels, "
-        f"{summary['episodes']} completed episodes, done in {summary['seconds']:.2f} s"
-    )
+    console.print(f"plot {summary['input']} -> {summary['output']}")
+    console.print(f"{len(summary['panels'])} panels, {summary['episodes']} completed episodes")
+    console.print(f"done in {summary['seconds']:.2f} s")

@@ -2,6 +2,10 @@
 
 Strings may come from untrusted files: ``printable`` makes each one line without control characters, and the
 consoles never parse rich markup or emoji codes, so every name prints as it is spelled.
+
+Every line on stdout fits the console's width (the terminal's; 80 columns when piped, unless COLUMNS says
+otherwise): text wraps at spaces only (``fit``), so a name (a path, a dataset) is never broken; tables are
+``grid`` lines whose name column gives way first (a long name takes a line of its own).
 """
 
 from __future__ import annotations
@@ -9,16 +13,72 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Any
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
+from rich.cells import cell_len
+from rich.console import Console, ConsoleDimensions
+from rich.text import Text
 
 from rolloutcli.errors import one_line, stop_if_signalled
 from rolloutcli.pipeline.progress import Progress, TestPause
 
-stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+PIPE_WIDTH = 80  # the width of stdout when it is not a terminal and COLUMNS is not set
+
+
+def fit(text: str | Text, width: int) -> list[Text]:
+    """``text`` as lines of at most ``width`` cells, broken at spaces only: a word (a name, a path) is never cut;
+    one longer than ``width`` stands alone on its line. Continuation lines are indented two more than the first."""
+    text = Text(text) if isinstance(text, str) else text
+    lines: list[Text] = []
+    for line in text.split("\n", allow_blank=True):
+        plain = line.plain
+        if cell_len(plain) <= width:
+            lines.append(line)
+            continue
+        indent = " " * min(len(plain) - len(plain.lstrip(" ")) + 2, width // 2)
+        prefix, start, end = "", 0, 0
+        for word in re.finditer(r"\S+", plain):
+            if end and cell_len(prefix + plain[start : word.end()]) > width:
+                lines.append(Text(prefix) + line[start:end])
+                prefix, start = indent, word.start()
+            end = word.end()
+        lines.append(Text(prefix) + line[start:end])
+    return lines
+
+
+def command_lines(command: str, width: int) -> list[str]:
+    """A command to copy, indented two: one line, or broken between words with shell continuations (`` \\``),
+    so a paste runs it whole; an option stays with its value."""
+    lines, line = [], "  "
+    for word in re.findall(r"-\S+ (?!-)\S+|\S+", command):
+        if line.strip() and cell_len(f"{line} {word} \\") > width:
+            lines.append(f"{line} \\")
+            line = "    "
+        line = f"{line} {word}" if line.strip() else line + word
+    return [*lines, line]
+
+
+class FitConsole(Console):
+    """stdout's console: 80 columns when piped; each text it prints is ``fit`` to its width (tables and other
+    renderables print as rich draws them)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self.is_terminal or self._width is not None or (self._environ.get("COLUMNS") or "").isdigit():
+            return size
+        return ConsoleDimensions(PIPE_WIDTH, size.height)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        if len(objects) == 1 and isinstance(objects[0], (str, Text)) and not kwargs:
+            for line in fit(objects[0], self.width):
+                super().print(line)
+            return
+        super().print(*objects, **kwargs)
+
+
+stdout = FitConsole(highlight=False, soft_wrap=True, markup=False, emoji=False)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 
@@ -113,13 +173,35 @@ class RichProgress(Progress):
             stderr.print(f"warning: {one_line(message)}")
 
 
-def _table(title: str, columns: tuple[str, ...], right: tuple[str, ...] = (), fold: tuple[str, ...] = ()) -> Table:
-    """A borderless table; only the ``fold`` columns may wrap (folded, never cut), so it fits 80 columns."""
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
-    for column in columns:
-        justify = "right" if column in right else "left"
-        table.add_column(column, justify=justify, overflow="fold", no_wrap=column not in fold)
-    return table
+def grid(
+    width: int, title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]], right: tuple[str, ...] = ()
+) -> list[str]:
+    """A table as lines of text, every table alike: the title, the header, a rule, a row per item; columns two
+    spaces apart, ``right`` ones right-justified. The first column holds names and gives way first: a name
+    longer than the ``width`` the other columns leave stands on a line of its own, its cells on the next."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([cell_len(h), *(cell_len(r[i]) for r in cells)]) for i, h in enumerate(columns)]
+    rest = sum(widths[1:]) + 2 * (len(columns) - 1)
+    widths[0] = min(widths[0], max(cell_len(columns[0]), width - rest))
+
+    def line(row: list[str] | tuple[str, ...]) -> str:
+        pads = (" " * (w - cell_len(c)) for c, w in zip(row, widths, strict=True))
+        parts = (p + c if h in right else c + p for c, p, h in zip(row, pads, columns, strict=True))
+        return "  ".join(parts).rstrip()
+
+    lines = [title, line(columns), "─" * min(width, sum(widths) + 2 * (len(columns) - 1))]
+    for row in cells:
+        if cell_len(row[0]) > widths[0]:
+            lines.append(row[0])
+            row = ["", *row[1:]]
+        lines.append(line(row))
+    return lines
+
+
+def print_grid(console: Console, title: str, columns: tuple[str, ...], rows: list, right: tuple[str, ...] = ()) -> None:
+    """``grid`` at the console's width, printed."""
+    for line in grid(console.width, title, columns, rows, right):
+        console.print(Text(line))
 
 
 def _shape(shape: list[int]) -> str:

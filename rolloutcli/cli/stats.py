@@ -8,11 +8,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from rolloutcli.cli.common import Common, not_stdout, with_common
 from rolloutcli.cli.dataset import ReadFilesArg, resolve_inputs
-from rolloutcli.cli.render import _num
+from rolloutcli.cli.render import _num, print_grid
 
 EXAMPLE = "rolloutcli stats sample_data/cartpole_gru.h5 --normalizer obs_norm.pt --group policy"
 
@@ -66,11 +65,11 @@ def with_per_dim(render: Callable[..., None]) -> Callable[..., None]:
 def render_per_dim(console: Console, per_dim: dict[str, Any]) -> None:
     """One table per observation group / actions: a row per dimension (mean, std, min, max, non-finite)."""
     for label, stats in per_dim.items():
-        table = Table(title=f"{label} {stats['shape']} per dimension", title_justify="left")
-        for column in ("dim", "mean", "std", "min", "max", "non-finite"):
-            table.add_column(column, justify="right")
-        for d, row in enumerate(zip(stats["mean"], stats["std"], stats["min"], stats["max"], strict=True)):
-            table.add_row(str(d), *(_num(v) for v in row), str(stats["nonfinite"][d]))
-        console.print(table)
+        rows = [
+            (d, *(_num(v) for v in row), stats["nonfinite"][d])
+            for d, row in enumerate(zip(stats["mean"], stats["std"], stats["min"], stats["max"], strict=True))
+        ]
+        columns = ("dim", "mean", "std", "min", "max", "non-finite")
+        print_grid(console, f"{label} {stats['shape']} per dimension", columns, rows, columns)
         if stats["nonfinite_total"]:
             console.print(f"{label}: {stats['nonfinite_total']} non-finite values counted, not averaged in")

@@ -34,24 +34,30 @@ def folder_report(path: Path) -> dict[str, Any]:
             raise RolloutError(f"{manifest}: unreadable manifest ({exc}).") from exc
         data = data if isinstance(data, dict) else {}
         shards = data.get("shards") if isinstance(data.get("shards"), list) else []
+        command = f"rolloutcli inspect {data['source']}" if isinstance(data.get("source"), str) else None
         line = (
             f"{path}: a shard folder written by rolloutcli batch ({len(shards)} shards, mode {data.get('mode')}); "
             "train from it with rolloutcli.shards.ShardDataset, or inspect the rollout it came from"
-            + (f": rolloutcli inspect {data['source']}" if isinstance(data.get("source"), str) else ".")
+            + (f": {command}" if command else ".")
         )
-        return _base(path, "shards", line, [], {k: v for k, v in data.items() if k != "shards"})
+        return _base(path, "shards", line, [], {k: v for k, v in data.items() if k != "shards"}, command)
     if (path / "data" / "main_data.hdf5").is_file():
-        line = f"{path}: a Minari dataset folder, not a rollout file; convert it: rolloutcli import {path} -o OUT.h5"
-        return _base(path, "minari", line, [], {})
+        command = f"rolloutcli import {path} -o OUT.h5"
+        line = f"{path}: a Minari dataset folder, not a rollout file; convert it: {command}"
+        return _base(path, "minari", line, [], {}, command)
     raise RolloutError(f"{path}: is a folder, expected an HDF5 file (or a shard folder with {MANIFEST}).", exit_code=3)
 
 
-def _base(path: Path, kind: str, line: str, tree: list, attrs: dict[str, Any]) -> dict[str, Any]:
+def _base(
+    path: Path, kind: str, line: str, tree: list, attrs: dict[str, Any], command: str | None = None
+) -> dict[str, Any]:
+    """``problem``: the line that says what to do; ``command``: the command it ends with, if it names one."""
     return {
         "file": str(path),
         "contract": False,
         "kind": kind,
         "problem": line,
+        "command": command,
         "tree": tree,
         "objects": len(tree),
         "attrs": attrs,
@@ -64,32 +70,31 @@ def tree_report(path: Path, source: H5Input, problems: list[str], budget: int) -
     """The report of an audited HDF5 file outside the contract (``problems``: what ``describe`` found)."""
     layout = recognise(source.datasets)
     fmt = source.attrs.get("rolloutcli_format")
+    command = None
     if fmt == "trajectories":
-        kind, fix = (
-            "split",
-            f"a file written by rolloutcli split; restore the rollout: rolloutcli split --unpad {path} -o OUT.h5",
-        )
+        command = f"rolloutcli split --unpad {path} -o OUT.h5"
+        kind, fix = "split", f"a file written by rolloutcli split; restore the rollout: {command}"
     elif fmt == "shard":
         kind, fix = (
             "shard",
             "one shard written by rolloutcli batch; load its folder with rolloutcli.shards.ShardDataset",
         )
     elif layout is not None:
-        kind, fix = (
-            layout,
-            f"a file in the {layout} layout, not a rollout file; convert it: rolloutcli import {path} -o OUT.h5",
-        )
+        command = f"rolloutcli import {path} -o OUT.h5"
+        kind, fix = layout, f"a file in the {layout} layout, not a rollout file; convert it: {command}"
     else:
         kind = "unknown"
         fix = f"not a rollout file ({_missing(problems)}); record the contract's fields, or convert a known layout "
         fix += "with rolloutcli import (D4RL, Minari, robomimic, ikostrikov)"
     line = f"{path}: {fix}"
     tree, count = object_tree(source)
-    report = _base(path, kind, line, tree, source.attrs)
+    report = _base(path, kind, line, tree, source.attrs, command)
     report.update(objects=count, size_bytes=os.path.getsize(path), problems=problems)
     floats = [n for n, info in source.datasets.items() if info.dtype.kind == "f" and len(info.shape) >= 1]
     report["nonfinite"] = nonfinite(source, floats, budget)
-    report["warnings"] = [line, *problems, *flat_warnings(path, source.datasets, source.attrs)]
+    # A layout it knows gets the hint alone: the contract's complaints (and "looks flat") would contradict it.
+    known = kind != "unknown"
+    report["warnings"] = [line] if known else [line, *problems, *flat_warnings(path, source.datasets, source.attrs)]
     return report
 
 
