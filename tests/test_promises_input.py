@@ -368,7 +368,7 @@ def test_import_points_references_at_the_carried_copies_or_refuses(tmp_path: Pat
     with h5py.File(src, "a") as handle:
         handle["index"][1] = handle["rewards"].ref
     code, out, err = cli("import", src, "-o", tmp_path / "refused.h5")
-    assert code == 1 and not (tmp_path / "refused.h5").exists()
+    assert code == 1 and out == "" and not (tmp_path / "refused.h5").exists()
     assert err == (
         f"error: {src}: field 'index': expected object references to objects the output keeps, found a reference "
         "to an object the output does not hold, or a region reference. Nothing was written; point the references "
