@@ -1,4 +1,5 @@
-"""``rolloutcli plot``: files written, every panel titled, files without episodes, without matplotlib."""
+"""``rolloutcli plot``: files written, every panel titled and labelled, rows filled, episodes cut by the recording
+(an RSL-RL rollout of T=24 steps), files without episodes, without matplotlib."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from rollout_factory import rollout_arrays, write_rollout
 
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.plot import rollout_figure
+from rolloutcli.pipeline.plot_figure import row_sizes
 
 PANELS = {
     "episode returns",
     "episode lengths",
+    "reward per step",
     "rewards distribution",
     "values distribution",
     "advantages distribution",
@@ -40,7 +43,7 @@ def test_writes_the_report(tmp_path: Path, cli, suffix: str) -> None:
     out = tmp_path / f"report{suffix}"
     code, stdout, err = cli("plot", source, "-o", out, "--max-memory", "4K")
     assert code == 0, err
-    assert out.stat().st_size > 1000 and "12 panels" in stdout
+    assert out.stat().st_size > 1000 and "13 panels" in stdout
     head = out.read_bytes()[:64]
     assert {".png": b"\x89PNG", ".svg": b"<?xml", ".html": b"<!doctype html>"}[suffix] in head
 
@@ -74,14 +77,86 @@ def test_episode_returns_and_lengths_are_those_of_a_loop(tmp_path: Path) -> None
     np.testing.assert_allclose([g[1] for g in got], [w[1] for w in sorted(want)], rtol=1e-12)
 
 
-def test_a_file_without_completed_episodes_says_so(tmp_path: Path, cli) -> None:
+def _rsl_rollout(path: Path, action_dim: int = 12) -> Path:
+    """A typical RSL-RL rollout: T=24, N=64, episodes far longer than T (a few end), recorded mid-run."""
+    arrays = rollout_arrays(T=24, N=64, end_rate=0.004, obs_dim=48, critic_dim=51, action_dim=action_dim, seed=3)
+    arrays["advantages"] = arrays["values"] + 1
+    arrays["returns"] = arrays["values"] + 2
+    return write_rollout(path, arrays)
+
+
+def _rows(fig) -> dict[int, list[range]]:
+    rows: dict[int, list[range]] = {}
+    for ax in fig.axes:
+        spec = ax.get_subplotspec()
+        rows.setdefault(spec.rowspan.start, []).append(spec.colspan)
+    return rows
+
+
+def test_a_short_rsl_rollout_fills_every_panel_labels_every_axis_and_every_row(tmp_path: Path, cli) -> None:
+    source = _rsl_rollout(tmp_path / "rsl.h5")
+    fig, data = rollout_figure(source)
+    episodes = data["episodes"]
+    assert episodes["lengths"].size == 3 and episodes["partial_lengths"].size == 72 and episodes["ended"] == 11
+    for ax in fig.axes:
+        assert ax.has_data() and not _texts(ax), ax.get_title()
+        assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel(), ax.get_title()
+    for row, spans in _rows(fig).items():  # no lone panel: each row holds 2+ panels sharing its whole width
+        assert len(spans) >= 2 and sorted(c for span in spans for c in span) == list(range(12)), row
+    code, stdout, err = cli("plot", source, "-o", tmp_path / "r.png")
+    assert code == 0, err
+    assert "23 panels; episodes: 3 whole, 72 cut by the recording, 11 ended" in stdout
+    assert all(len(line) <= 80 for line in stdout.splitlines())
+
+
+def test_a_single_action_joins_the_main_grid(tmp_path: Path) -> None:
+    fig, _ = rollout_figure(_rsl_rollout(tmp_path / "rsl.h5", action_dim=1))
+    assert all(len(spans) >= 2 for spans in _rows(fig).values())
+
+
+@pytest.mark.parametrize("most", [3, 4])
+def test_rows_are_even_and_never_hold_one_panel_alone(most: int) -> None:
+    for panels in range(2, 41):
+        sizes = row_sizes(panels, most)
+        assert sum(sizes) == panels and max(sizes) <= most and max(sizes) - min(sizes) <= 1 and min(sizes) >= 2
+
+
+@pytest.mark.parametrize("from_reset", [False, True])
+def test_cut_episodes_are_those_of_a_loop(tmp_path: Path, from_reset: bool) -> None:
+    arrays = rollout_arrays(T=24, N=16, end_rate=0.05, seed=5)
+    arrays["dones"][:, 0] = 0  # one env without a done: one episode cut at both ends
+    arrays["dones"][-1, 1] = 1  # one env ending on the last step: no running tail
+    arrays["time_outs"] &= arrays["dones"]
+    source = write_rollout(tmp_path / "in.h5", arrays, {"recorded_from_reset": from_reset})
+    _, data = rollout_figure(source)
+    rewards, want = arrays["rewards"].astype(np.float64), []
+    for n in range(16):
+        ends = np.flatnonzero(arrays["dones"][:, n])
+        if ends.size and not from_reset:
+            want.append((ends[0] + 1, rewards[: ends[0] + 1, n].sum()))
+        tail = ends[-1] + 1 if ends.size else 0
+        if tail < 24:
+            want.append((24 - tail, rewards[tail:, n].sum()))
+    got = sorted(zip(data["episodes"]["partial_lengths"].tolist(), data["episodes"]["partial_returns"], strict=True))
+    assert [g[0] for g in got] == [w[0] for w in sorted(want)]
+    np.testing.assert_allclose([g[1] for g in got], [w[1] for w in sorted(want)], rtol=1e-12)
+    assert data["episodes"]["ended"] == int(arrays["dones"].sum())
+    per_step = data["reward_per_step"]
+    np.testing.assert_allclose(per_step["mean"], rewards.mean(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(per_step["std"], rewards.std(axis=1), rtol=1e-9)
+    np.testing.assert_array_equal(per_step["max"], rewards.max(axis=1))
+
+
+def test_a_file_without_completed_episodes_shows_the_cut_ones(tmp_path: Path, cli) -> None:
     arrays = rollout_arrays(T=20, N=3)
     arrays["dones"][:] = 0
     arrays["time_outs"][:] = 0
     source = write_rollout(tmp_path / "in.h5", arrays)
-    fig, _ = rollout_figure(source)
+    fig, data = rollout_figure(source)
     for title in ("episode returns", "episode lengths"):
-        assert _texts(next(a for a in fig.axes if a.get_title() == title)) == ["no completed episode"]
+        ax = next(a for a in fig.axes if a.get_title() == title)
+        assert ax.has_data() and not _texts(ax)
+    np.testing.assert_array_equal(data["episodes"]["partial_lengths"], [20, 20, 20])
     code, _, err = cli("plot", source, "-o", tmp_path / "r.png", "-q")
     assert code == 0, err
 

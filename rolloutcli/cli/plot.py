@@ -21,7 +21,7 @@ def plot(
     *,
     common: Common,
 ) -> None:
-    """Draw episode returns and lengths, distributions, actions, observation ranges, dones per env, padding."""
+    """Draw episodes (whole and cut by the recording), reward per step, distributions, actions, observations, dones."""
     from rolloutcli.pipeline.plot import run_plot
 
     output = need_output(output, "plot", "an output file (-o report.png)")
@@ -30,5 +30,6 @@ def plot(
 
 def _render(console: Any, summary: dict[str, Any]) -> None:
     console.print(f"plot {summary['input']} -> {summary['output']}")
-    console.print(f"{len(summary['panels'])} panels, {summary['episodes']} completed episodes")
+    episodes = f"{summary['episodes']} whole, {summary['partial_episodes']} cut by the recording"
+    console.print(f"{len(summary['panels'])} panels; episodes: {episodes}, {summary['episodes_ended']} ended")
     console.print(f"done in {summary['seconds']:.2f} s")

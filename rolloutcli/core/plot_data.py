@@ -1,7 +1,10 @@
 """What ``rolloutcli plot`` draws, as plain numpy data computed per env block and merged (no matplotlib here).
 
 * Episodes: the return (sum of rewards) and length of every completed episode whose first step lies in the
-  recording (or every one when the recording starts at a reset), and whether it ended on a time-out.
+  recording (or every one when the recording starts at a reset), and whether it ended on a time-out; and the
+  part inside the recording of every episode it cuts (started before it or still running at its end: an
+  RSL-RL rollout of T=24 steps holds little else), and how many episodes ended in it.
+* Reward per step: mean, std, min and max over envs of the rewards of each step.
 * Histograms with edges fixed in advance (from a first pass's min/max), so blocks merge by adding counts.
 * The padding blow-up of ``split``: trajectories end at dones and at the last step of every env; with
   ``--max-length L`` each is cut into ``ceil(len / L)`` pieces padded to ``min(T, L)`` rows.
@@ -21,6 +24,10 @@ class Episodes:
     returns: list[np.ndarray] = field(default_factory=list)
     lengths: list[np.ndarray] = field(default_factory=list)
     time_outs: list[np.ndarray] = field(default_factory=list)
+    partial_returns: list[np.ndarray] = field(default_factory=list)
+    partial_lengths: list[np.ndarray] = field(default_factory=list)
+    ended: int = 0
+    ended_time_outs: int = 0
 
     def add(self, rewards: np.ndarray, dones: np.ndarray, time_outs: np.ndarray | None, from_reset: bool) -> None:
         """The episodes of one env block ``[T, n]`` (``from_reset``: the first episode of each env is whole)."""
@@ -37,10 +44,65 @@ class Episodes:
         self.lengths.append((step - prev_step)[keep])
         flags = time_outs.astype(bool)[step, env] if time_outs is not None else np.zeros(env.shape, dtype=bool)
         self.time_outs.append(flags[keep])
+        self.ended += int(ended.sum())
+        self.ended_time_outs += int(flags.sum())
+        self._add_partial(sums, env, step, first, from_reset)
+
+    def _add_partial(
+        self, sums: np.ndarray, env: np.ndarray, step: np.ndarray, first: np.ndarray, from_reset: bool
+    ) -> None:
+        """The episodes cut by the recording: the head of each env (unless ``from_reset``) and its running tail."""
+        T, n = sums.shape
+        last = np.ones(env.shape, dtype=bool)
+        last[:-1] = env[1:] != env[:-1]
+        tail_start = np.zeros(n, dtype=np.int64)  # an env without a done is one episode cut at both ends
+        tail_start[env[last]] = step[last] + 1
+        running = tail_start < T
+        before = np.where(tail_start > 0, sums[np.maximum(tail_start - 1, 0), np.arange(n)], 0.0)
+        returns, lengths = [(sums[-1] - before)[running]], [(T - tail_start)[running]]
+        if not from_reset:  # a head that ends in the recording (a head without a done is the tail above)
+            returns.append(sums[step[first], env[first]])
+            lengths.append(step[first] + 1)
+        self.partial_returns.append(np.concatenate(returns))
+        self.partial_lengths.append(np.concatenate(lengths))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         join = lambda parts, dtype: np.concatenate(parts) if parts else np.zeros(0, dtype)  # noqa: E731
         return join(self.returns, np.float64), join(self.lengths, np.int64), join(self.time_outs, bool)
+
+    def partial(self) -> tuple[np.ndarray, np.ndarray]:
+        """Returns (float64) and lengths of the parts of the episodes cut by the recording, in block order."""
+        join = lambda parts, dtype: np.concatenate(parts) if parts else np.zeros(0, dtype)  # noqa: E731
+        return join(self.partial_returns, np.float64), join(self.partial_lengths, np.int64)
+
+
+@dataclass
+class PerStep:
+    """Mean, std, min and max over envs of each step's reward, merged over env blocks (float64 sums)."""
+
+    T: int
+    count: int = 0
+    total: np.ndarray = field(init=False)
+    squares: np.ndarray = field(init=False)
+    low: np.ndarray = field(init=False)
+    high: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.total, self.squares = np.zeros(self.T), np.zeros(self.T)
+        self.low, self.high = np.full(self.T, np.inf), np.full(self.T, -np.inf)
+
+    def add(self, rewards: np.ndarray) -> None:
+        """One ``[T, n]`` block of rewards."""
+        values = rewards.astype(np.float64)
+        self.count += values.shape[1]
+        self.total += values.sum(axis=1)
+        self.squares += (values * values).sum(axis=1)
+        self.low, self.high = np.minimum(self.low, values.min(axis=1)), np.maximum(self.high, values.max(axis=1))
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        mean = self.total / max(self.count, 1)
+        std = np.sqrt(np.maximum(self.squares / max(self.count, 1) - mean * mean, 0.0))
+        return {"mean": mean, "std": std, "min": self.low, "max": self.high}
 
 
 def split_length_counts(dones: np.ndarray) -> np.ndarray:

@@ -1,9 +1,10 @@
 """``rolloutcli plot``: pictures of a rollout file (PNG, SVG or HTML), from two streamed passes over env blocks.
 
-Pass 1 gathers the episodes, dones and time-outs per env, split's trajectory lengths, the per-dimension
-statistics of observations and actions, and the range of every distribution; pass 2 counts the histograms in
-bins fixed by those ranges. Only these summaries stay in memory (the episodes: 17 bytes each); the figure is
-drawn by :mod:`rolloutcli.pipeline.plot_figure` (matplotlib, the ``plot`` extra, imported only here).
+Pass 1 gathers the episodes (whole and cut by the recording), the reward per step, dones and time-outs per
+env, split's trajectory lengths, the per-dimension statistics of observations and actions, and the range of
+every distribution; pass 2 counts the histograms in bins fixed by those ranges. Only these summaries stay in
+memory (the episodes: 17 bytes each, at most two cut ones per env; the reward per step: 32 bytes a step); the
+figure is drawn by :mod:`rolloutcli.pipeline.plot_figure` (matplotlib, the ``plot`` extra, imported only here).
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ import numpy as np
 
 from rolloutcli.core.moments import Moments
 from rolloutcli.core.per_dim import DimMoments
-from rolloutcli.core.plot_data import Episodes, Histogram, max_length_grid, padding_blowup, split_length_counts
+from rolloutcli.core.plot_data import (
+    Episodes,
+    Histogram,
+    PerStep,
+    max_length_grid,
+    padding_blowup,
+    split_length_counts,
+)
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file, check_output_path
 from rolloutcli.hdf5.reader import RolloutReader
@@ -46,7 +54,7 @@ def load_matplotlib() -> Any:
 def _first_pass(reader: RolloutReader, names: list[str], progress: Progress) -> dict[str, Any]:
     fields, T = reader.schema.fields, reader.T
     from_reset = bool(reader.schema.attrs.get("recorded_from_reset", False))
-    episodes, lengths = Episodes(), np.zeros(T + 1, dtype=np.int64)
+    episodes, lengths, per_step = Episodes(), np.zeros(T + 1, dtype=np.int64), PerStep(T)
     dones_per_env, time_outs_per_env = [], []
     ranges = {name: Moments() for name in DISTRIBUTIONS if name in fields}
     observations = {key: None for key in reader.schema.observation_keys}
@@ -57,6 +65,7 @@ def _first_pass(reader: RolloutReader, names: list[str], progress: Progress) -> 
         block = reader.arrays([n for n in names if not n.startswith("observations")], start, stop)
         time_outs = block.get("time_outs")
         episodes.add(block["rewards"], block["dones"], time_outs, from_reset)
+        per_step.add(block["rewards"])
         lengths += split_length_counts(block["dones"])
         dones_per_env.append(block["dones"].sum(axis=0))
         time_outs_per_env.append(time_outs.sum(axis=0) if time_outs is not None else np.zeros(stop - start))
@@ -72,7 +81,8 @@ def _first_pass(reader: RolloutReader, names: list[str], progress: Progress) -> 
     progress.finish()
     return {
         "blocks": blocks,
-        "episodes": episodes.arrays(),
+        "episodes": episodes,
+        "reward_per_step": per_step.as_dict(),
         "split_lengths": lengths,
         "dones_per_env": np.concatenate(dones_per_env),
         "time_outs_per_env": np.concatenate(time_outs_per_env),
@@ -111,12 +121,23 @@ def plot_data(reader: RolloutReader, progress: Progress) -> dict[str, Any]:
     first = _first_pass(reader, names, progress)
     second = _histograms(reader, first, progress)
     grid = max_length_grid(reader.T)
-    returns, lengths, time_outs = first["episodes"]
+    episodes: Episodes = first["episodes"]
+    returns, lengths, time_outs = episodes.arrays()
+    partial_returns, partial_lengths = episodes.partial()
     return {
         "file": str(reader.path),
         "T": reader.T,
         "N": reader.N,
-        "episodes": {"returns": returns, "lengths": lengths, "time_outs": time_outs},
+        "episodes": {
+            "returns": returns,
+            "lengths": lengths,
+            "time_outs": time_outs,
+            "partial_returns": partial_returns,
+            "partial_lengths": partial_lengths,
+            "ended": episodes.ended,
+            "ended_time_outs": episodes.ended_time_outs,
+        },
+        "reward_per_step": first["reward_per_step"],
         "distributions": second["distributions"],
         "missing": [n for n in DISTRIBUTIONS if n not in second["distributions"]],
         "action_histograms": second["actions"],
@@ -159,12 +180,14 @@ def run_plot(
             save(fig, tmp, dst.suffix.lower())
     finally:
         plt.close(fig)
-    episodes = data["episodes"]["lengths"].size
+    episodes = data["episodes"]
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     return {
         "input": str(src),
         "output": str(dst),
-        "episodes": episodes,
+        "episodes": episodes["lengths"].size,
+        "partial_episodes": episodes["partial_lengths"].size,
+        "episodes_ended": episodes["ended"],
         "panels": titles,
         "seconds": time.perf_counter() - started,
     }

@@ -1,19 +1,28 @@
 """The figure of ``rolloutcli plot`` from :func:`rolloutcli.pipeline.plot.plot_data`'s data (matplotlib passed in).
 
-Every panel has a title; a panel without data says so in its middle instead of failing.
+Every panel has a title and labelled axes; a panel without data says so in its middle instead of failing. Rows
+are filled: each row's panels share its width, and rows hold as many panels as the others or one fewer.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-COLUMNS = 3
+COLUMNS = 3  # the most panels in a row of the main grid
+ACTION_COLUMNS = 4  # the most action histograms in a row
+WIDTH = 12  # grid columns of a row: 12 is divisible by 1, 2, 3 and 4 panels
+
+
+def row_sizes(panels: int, most: int) -> list[int]:
+    """Panels per row: the fewest rows of at most ``most``, as even as can be, so no row holds one panel alone."""
+    rows = -(-panels // most)
+    return [panels // rows + (1 if r < panels % rows else 0) for r in range(rows)] if panels else []
 
 
 def _empty(ax: Any, text: str) -> None:
@@ -22,29 +31,61 @@ def _empty(ax: Any, text: str) -> None:
     ax.set_yticks([])
 
 
-def _episodes(ax: Any, values: np.ndarray, time_outs: np.ndarray, title: str, what: str) -> None:
+def _episodes(ax: Any, episodes: dict[str, Any], key: str, title: str, what: str) -> None:
+    """Whole episodes by how they ended, and the parts of the episodes the recording cuts (stacked)."""
     ax.set_title(title)
-    if values.size == 0:
-        _empty(ax, "no completed episode")
-        return
-    bins = np.histogram_bin_edges(values.astype(np.float64), bins=min(30, max(values.size, 1)))
-    ax.hist([values[~time_outs], values[time_outs]], bins=bins, stacked=True, label=["terminations", "time-outs"])
-    ax.set_xlabel(what)
+    ax.set_xlabel(what + (" (cut episodes: the part recorded)" if episodes[f"partial_{key}"].size else ""))
     ax.set_ylabel("episodes")
+    whole, time_outs, partial = episodes[key], episodes["time_outs"], episodes[f"partial_{key}"]
+    if whole.size + partial.size == 0:
+        _empty(ax, "no episode")
+        return
+    parts = [whole[~time_outs], whole[time_outs], partial]
+    labels = [f"whole, terminated ({parts[0].size})", f"whole, timed out ({parts[1].size})"]
+    labels.append(f"cut by the recording ({partial.size})")
+    values = np.concatenate(parts).astype(np.float64)
+    bins = np.histogram_bin_edges(values, bins=min(30, max(np.unique(values).size, 1)))
+    ax.hist(parts, bins=bins, stacked=True, label=labels, color=["C0", "C1", "0.6"])
     ax.legend(fontsize="small")
 
 
-def _histogram(ax: Any, hist: Any, title: str) -> None:
+def _reward_per_step(ax: Any, data: dict[str, Any]) -> None:
+    ax.set_title("reward per step")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward over envs")
+    per_step, steps = data["reward_per_step"], np.arange(data["T"])
+    mean, std = per_step["mean"], per_step["std"]
+    ax.fill_between(steps, per_step["min"], per_step["max"], alpha=0.15, color="C0", label="min..max")
+    ax.fill_between(steps, mean - std, mean + std, alpha=0.3, color="C0", label="mean ± std")
+    ax.plot(steps, mean, color="C0", label="mean")
+    ax.legend(fontsize="small")
+
+
+def _histogram(ax: Any, hist: Any, title: str, what: str) -> None:
     ax.set_title(title)
+    ax.set_xlabel(what)
+    ax.set_ylabel("steps")
     if hist is None or hist.counts.sum() == 0:
         _empty(ax, "no finite values")
         return
-    edges = hist.edges
-    ax.stairs(hist.counts, edges, fill=True)
+    ax.stairs(hist.counts, hist.edges, fill=True)
+
+
+def _distribution(ax: Any, data: dict[str, Any], name: str) -> None:
+    title, what = f"{name} distribution", name[:-1]  # rewards -> reward
+    if name not in data["missing"]:
+        _histogram(ax, data["distributions"][name], title, what)
+        return
+    ax.set_title(title)
+    ax.set_xlabel(what)
+    ax.set_ylabel("steps")
+    _empty(ax, f"no {name} in the file")
 
 
 def _observation_ranges(ax: Any, key: str, stats: dict[str, Any]) -> None:
     ax.set_title(f"observations/{key}: range per dimension")
+    ax.set_xlabel("dimension")
+    ax.set_ylabel("value")
     dims = np.arange(len(stats["mean"]))
     known = np.array([m is not None for m in stats["mean"]])
     if not known.any():
@@ -54,17 +95,17 @@ def _observation_ranges(ax: Any, key: str, stats: dict[str, Any]) -> None:
     ax.fill_between(dims, pick("min"), pick("max"), alpha=0.25, step="mid", label="min..max")
     mean, std = pick("mean"), pick("std")
     ax.errorbar(dims, mean, yerr=std, fmt=".", label="mean ± std")
-    ax.set_xlabel("dimension")
     ax.legend(fontsize="small")
 
 
 def _per_env(ax: Any, data: dict[str, Any]) -> None:
     ax.set_title("dones and time-outs per env")
-    envs = np.arange(data["N"])
-    ax.bar(envs, data["dones_per_env"], label="dones")
-    if data["time_outs_per_env"] is not None:
-        ax.bar(envs, data["time_outs_per_env"], label="time-outs")
     ax.set_xlabel("env")
+    ax.set_ylabel("episodes ended")
+    envs, episodes = np.arange(data["N"]), data["episodes"]
+    ax.bar(envs, data["dones_per_env"], label=f"dones ({episodes['ended']})")
+    if data["time_outs_per_env"] is not None:
+        ax.bar(envs, data["time_outs_per_env"], label=f"of which time-outs ({episodes['ended_time_outs']})")
     ax.legend(fontsize="small")
 
 
@@ -77,32 +118,38 @@ def _blowup(ax: Any, data: dict[str, Any]) -> None:
     ax.set_ylabel("padded / recorded steps")
 
 
-def figure(data: dict[str, Any], plt: Any) -> Any:
-    """The whole report as one matplotlib figure (``plt``: ``matplotlib.pyplot``)."""
+def _action(ax: Any, data: dict[str, Any], d: int) -> None:
     actions = data["action_histograms"]
-    action_rows = math.ceil(len(actions) / 4)
-    panels = 8 + len(data["observations"])
-    rows = math.ceil(panels / COLUMNS)
-    fig = plt.figure(figsize=(5 * COLUMNS, 3.4 * (rows + action_rows)), layout="constrained")
-    grid = fig.add_gridspec(rows + action_rows, 12)
-    axes = [fig.add_subplot(grid[i // COLUMNS, 4 * (i % COLUMNS) : 4 * (i % COLUMNS) + 4]) for i in range(panels)]
-    episodes = data["episodes"]
-    _episodes(axes[0], episodes["returns"], episodes["time_outs"], "episode returns", "return")
-    _episodes(axes[1], episodes["lengths"], episodes["time_outs"], "episode lengths", "steps")
-    for ax, name in zip(axes[2:6], ("rewards", "values", "advantages", "returns"), strict=True):
-        if name in data["missing"]:
-            ax.set_title(f"{name} distribution")
-            _empty(ax, f"no {name} in the file")
-        else:
-            _histogram(ax, data["distributions"][name], f"{name} distribution")
-    _per_env(axes[6], data)
-    _blowup(axes[7], data)
-    for ax, (key, stats) in zip(axes[8:], data["observations"].items(), strict=True):
-        _observation_ranges(ax, key, stats)
     shown = f" (first {len(actions)} of {data['action_dims']})" if data["action_dims"] > len(actions) else ""
-    for d, hist in enumerate(actions):
-        ax = fig.add_subplot(grid[rows + d // 4, 3 * (d % 4) : 3 * (d % 4) + 3])
-        _histogram(ax, hist, f"action[{d}] histogram{shown if d == 0 else ''}")
+    _histogram(ax, actions[d], f"action[{d}] histogram{shown if d == 0 else ''}", f"action[{d}]")
+
+
+def _panels(data: dict[str, Any]) -> tuple[list[Callable[[Any], None]], list[Callable[[Any], None]]]:
+    """The drawers of the main grid's panels and of the action grid's (a single action joins the main grid)."""
+    main: list[Callable[[Any], None]] = [
+        lambda ax: _episodes(ax, data["episodes"], "returns", "episode returns", "return"),
+        lambda ax: _episodes(ax, data["episodes"], "lengths", "episode lengths", "steps"),
+        lambda ax: _reward_per_step(ax, data),
+        *[lambda ax, n=name: _distribution(ax, data, n) for name in ("rewards", "values", "advantages", "returns")],
+        lambda ax: _per_env(ax, data),
+        lambda ax: _blowup(ax, data),
+        *[lambda ax, k=key, s=stats: _observation_ranges(ax, k, s) for key, stats in data["observations"].items()],
+    ]
+    actions = [lambda ax, d=d: _action(ax, data, d) for d in range(len(data["action_histograms"]))]
+    return (main + actions, []) if len(actions) == 1 else (main, actions)
+
+
+def figure(data: dict[str, Any], plt: Any) -> Any:
+    """The whole report as one matplotlib figure (``plt``: ``matplotlib.pyplot``), every row filled."""
+    main, actions = _panels(data)
+    sizes = row_sizes(len(main), COLUMNS) + row_sizes(len(actions), ACTION_COLUMNS)
+    fig = plt.figure(figsize=(5 * COLUMNS, 3.4 * len(sizes)), layout="constrained")
+    grid = fig.add_gridspec(len(sizes), WIDTH)
+    drawers = iter(main + actions)
+    for row, size in enumerate(sizes):
+        width = WIDTH // size
+        for i in range(size):
+            next(drawers)(fig.add_subplot(grid[row, width * i : width * (i + 1)]))
     fig.suptitle(f"{data['file']}  (T={data['T']}, N={data['N']})")
     return fig
 
