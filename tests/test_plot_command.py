@@ -147,6 +147,21 @@ def test_cut_episodes_are_those_of_a_loop(tmp_path: Path, from_reset: bool) -> N
     np.testing.assert_array_equal(per_step["max"], rewards.max(axis=1))
 
 
+def test_a_gae_output_plots_the_raw_rewards_its_episodes_earned(tmp_path: Path, cli) -> None:
+    source = _rsl_rollout(tmp_path / "rsl.h5")
+    code, _, err = cli("gae", source, "-o", tmp_path / "gae.h5", "--timeouts", "rsl", "-q")
+    assert code == 0, err
+    with h5py.File(tmp_path / "gae.h5") as handle:  # the rsl rule bootstraps the time-outs in rewards
+        assert handle.attrs["timeouts_bootstrapped"] and "rewards_raw" in handle
+    fig, data = rollout_figure(tmp_path / "gae.h5")
+    _, raw = rollout_figure(source)
+    assert data["rewards_field"] == "rewards_raw" and raw["rewards_field"] == "rewards"
+    for key in ("returns", "partial_returns"):
+        np.testing.assert_array_equal(data["episodes"][key], raw["episodes"][key])
+    np.testing.assert_array_equal(data["reward_per_step"]["mean"], raw["reward_per_step"]["mean"])
+    assert all(ax.has_data() and not _texts(ax) for ax in fig.axes)  # advantages and returns too
+
+
 def test_a_file_without_completed_episodes_shows_the_cut_ones(tmp_path: Path, cli) -> None:
     arrays = rollout_arrays(T=20, N=3)
     arrays["dones"][:] = 0

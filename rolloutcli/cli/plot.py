@@ -9,7 +9,7 @@ import typer
 
 from rolloutcli.cli.common import Common, need_output, with_common
 
-EXAMPLE = "rolloutcli plot sample_data/cartpole_gru.h5 -o report.png"
+EXAMPLE = "rolloutcli plot run_gae.h5 -o report.png"  # GAE_EXAMPLE's output: every panel has data
 
 
 @with_common(overwrite="file")

@@ -36,6 +36,20 @@ DISTRIBUTIONS = ("rewards", "values", "advantages", "returns")
 ACTION_DIMS = 16  # the action grid shows at most this many dimensions
 
 
+def _sources(reader: RolloutReader) -> dict[str, str]:
+    """The dataset of each distribution in the file: a ``gae`` output's raw rewards, as its episodes earned them.
+
+    Under the ``rsl`` rule ``gae`` adds the time-out bootstrap to ``rewards`` (``timeouts_bootstrapped``) and
+    keeps the raw ones in ``rewards_raw``; plotting the bootstrapped ones would inflate every timed-out return.
+    """
+    fields = reader.schema.fields
+    bootstrapped = reader.schema.attrs.get("timeouts_bootstrapped", False) in (True, 1)
+    raw = fields.get("rewards_raw")
+    usable = raw is not None and raw.shape[:2] == (reader.T, reader.N) and raw.dtype.kind == "f"
+    sources = {"rewards": "rewards_raw" if bootstrapped and usable else "rewards"}
+    return sources | {name: name for name in DISTRIBUTIONS[1:] if name in fields}
+
+
 def load_matplotlib() -> Any:
     """``matplotlib.pyplot`` on the headless Agg backend, or exit 2 saying how to install it."""
     try:
@@ -51,12 +65,12 @@ def load_matplotlib() -> Any:
     return plt
 
 
-def _first_pass(reader: RolloutReader, names: list[str], progress: Progress) -> dict[str, Any]:
+def _first_pass(reader: RolloutReader, names: list[str], sources: dict[str, str], progress: Progress) -> dict[str, Any]:
     fields, T = reader.schema.fields, reader.T
     from_reset = bool(reader.schema.attrs.get("recorded_from_reset", False))
     episodes, lengths, per_step = Episodes(), np.zeros(T + 1, dtype=np.int64), PerStep(T)
     dones_per_env, time_outs_per_env = [], []
-    ranges = {name: Moments() for name in DISTRIBUTIONS if name in fields}
+    ranges = {name: Moments() for name in sources}
     observations = {key: None for key in reader.schema.observation_keys}
     actions: DimMoments | None = None
     blocks = reader.blocks(names)
@@ -64,13 +78,14 @@ def _first_pass(reader: RolloutReader, names: list[str], progress: Progress) -> 
     for start, stop in blocks:
         block = reader.arrays([n for n in names if not n.startswith("observations")], start, stop)
         time_outs = block.get("time_outs")
-        episodes.add(block["rewards"], block["dones"], time_outs, from_reset)
-        per_step.add(block["rewards"])
+        rewards = block[sources["rewards"]]
+        episodes.add(rewards, block["dones"], time_outs, from_reset)
+        per_step.add(rewards)
         lengths += split_length_counts(block["dones"])
         dones_per_env.append(block["dones"].sum(axis=0))
         time_outs_per_env.append(time_outs.sum(axis=0) if time_outs is not None else np.zeros(stop - start))
         for name in ranges:
-            ranges[name] = ranges[name].merge(Moments.of(block[name]))
+            ranges[name] = ranges[name].merge(Moments.of(block[sources[name]]))
         step_actions = DimMoments.of(block["actions"].reshape((stop - start) * T, -1))
         actions = step_actions if actions is None else actions.merge(step_actions)
         for key, path in reader.schema.observation_keys.items():
@@ -93,7 +108,9 @@ def _first_pass(reader: RolloutReader, names: list[str], progress: Progress) -> 
     }
 
 
-def _histograms(reader: RolloutReader, first: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def _histograms(
+    reader: RolloutReader, first: dict[str, Any], sources: dict[str, str], progress: Progress
+) -> dict[str, Any]:
     """Pass 2: the distributions and the per-dimension action histograms in bins of pass 1's ranges."""
     hists = {n: Histogram(m.minimum, m.maximum) for n, m in first["ranges"].items() if m.count}
     action_hists = [
@@ -102,7 +119,7 @@ def _histograms(reader: RolloutReader, first: dict[str, Any], progress: Progress
     progress.start("plot: pass 2", len(first["blocks"]))
     for start, stop in first["blocks"]:
         for name, hist in hists.items():
-            hist.add(reader.array(name, start, stop))
+            hist.add(reader.array(sources[name], start, stop))
         actions = reader.array("actions", start, stop)
         actions = actions.reshape(actions.shape[0] * actions.shape[1], -1)
         for d, hist in enumerate(action_hists):
@@ -116,10 +133,11 @@ def _histograms(reader: RolloutReader, first: dict[str, Any], progress: Progress
 def plot_data(reader: RolloutReader, progress: Progress) -> dict[str, Any]:
     """Everything the figure shows (see the module docstring), from the open rollout ``reader``."""
     fields = reader.schema.fields
-    names = ["rewards", "dones", "actions", *[n for n in ("time_outs", *DISTRIBUTIONS[1:]) if n in fields]]
+    sources = _sources(reader)
+    names = ["dones", "actions", *sources.values(), *[n for n in ("time_outs",) if n in fields]]
     names += list(reader.schema.observation_keys.values())
-    first = _first_pass(reader, names, progress)
-    second = _histograms(reader, first, progress)
+    first = _first_pass(reader, names, sources, progress)
+    second = _histograms(reader, first, sources, progress)
     grid = max_length_grid(reader.T)
     episodes: Episodes = first["episodes"]
     returns, lengths, time_outs = episodes.arrays()
@@ -138,6 +156,7 @@ def plot_data(reader: RolloutReader, progress: Progress) -> dict[str, Any]:
             "ended_time_outs": episodes.ended_time_outs,
         },
         "reward_per_step": first["reward_per_step"],
+        "rewards_field": sources["rewards"],
         "distributions": second["distributions"],
         "missing": [n for n in DISTRIBUTIONS if n not in second["distributions"]],
         "action_histograms": second["actions"],

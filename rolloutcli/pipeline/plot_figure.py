@@ -52,7 +52,8 @@ def _episodes(ax: Any, episodes: dict[str, Any], key: str, title: str, what: str
 def _reward_per_step(ax: Any, data: dict[str, Any]) -> None:
     ax.set_title("reward per step")
     ax.set_xlabel("step")
-    ax.set_ylabel("reward over envs")
+    raw = data["rewards_field"] != "rewards"
+    ax.set_ylabel(f"{data['rewards_field']} over envs" if raw else "reward over envs")
     per_step, steps = data["reward_per_step"], np.arange(data["T"])
     mean, std = per_step["mean"], per_step["std"]
     ax.fill_between(steps, per_step["min"], per_step["max"], alpha=0.15, color="C0", label="min..max")
@@ -73,6 +74,8 @@ def _histogram(ax: Any, hist: Any, title: str, what: str) -> None:
 
 def _distribution(ax: Any, data: dict[str, Any], name: str) -> None:
     title, what = f"{name} distribution", name[:-1]  # rewards -> reward
+    if name == "rewards" and data["rewards_field"] != "rewards":
+        what = f"reward ({data['rewards_field']}: without gae's time-out bootstrap)"
     if name not in data["missing"]:
         _histogram(ax, data["distributions"][name], title, what)
         return
@@ -165,7 +168,8 @@ def save(fig: Any, path: Path, suffix: str) -> None:
     title = fig._suptitle.get_text() if fig._suptitle is not None else "rollout"
     Path(path).write_text(
         f"<!doctype html><html><head><meta charset='utf-8'><title>{_escape(title)}</title></head><body>"
-        f"<h1>{_escape(title)}</h1><img alt='rolloutcli plot' src='data:image/png;base64,{image}'></body></html>\n",
+        f"<h1>{_escape(title)}</h1><img alt='rolloutcli plot' style='max-width:100%'"  # fits a narrow window
+        f" src='data:image/png;base64,{image}'></body></html>\n",
         encoding="utf-8",
     )
 
