@@ -89,8 +89,10 @@ def render_gae(console: Console, summary: dict[str, Any]) -> None:
         f"last values: {summary['last_values']}"
     )
     files = summary.get("timeouts_files")  # a dataset whose files had different rules
-    rule = describe(summary["timeouts"], summary["timeouts_from"]) if not files else "; ".join(
-        f"{described} in {n} files" for described, n in files.items()
+    rule = (
+        describe(summary["timeouts"], summary["timeouts_from"])
+        if not files
+        else "; ".join(f"{described} in {n} file{'s' * (n != 1)}" for described, n in files.items())
     )
     console.print(f"time-outs: {rule}; {bootstrap}")
     console.print(_stats_line("advantages", summary["advantages"]))

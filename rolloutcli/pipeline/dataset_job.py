@@ -28,8 +28,8 @@ from rolloutcli.hdf5.reader import kept_open
 from rolloutcli.hdf5.rename import rename_noreplace
 from rolloutcli.pipeline.dataset_journal import JOURNAL, RECORD, Journal, earlier_entries
 from rolloutcli.pipeline.dataset_partial import check_partial_folder, check_published, discard_partial
-from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
 from rolloutcli.pipeline.dataset_totals import Totals, compact
+from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
 from rolloutcli.pipeline.progress import Progress, unit_progress
 from rolloutcli.pipeline.timeouts_rule import DATASET_DEFAULT_NOTE
 
