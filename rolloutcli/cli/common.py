@@ -155,6 +155,11 @@ class Common:
 
         return RichProgress(self.quiet)
 
+    def dataset_progress(self) -> Any:
+        from rolloutcli.cli.render import DatasetProgress
+
+        return DatasetProgress(self.quiet)
+
     def emit(self, summary: dict[str, Any], render: Callable[..., None], output: Path | None = None) -> None:
         emit(summary, render, self.json_output, self.quiet, output)
 

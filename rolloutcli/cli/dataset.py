@@ -48,9 +48,11 @@ def per_file(
     single: Callable[[Path], dict[str, Any]],
     safety: SafetyOptions | None = None,
     rollouts: bool = True,
+    progress: Any = None,
 ) -> dict[str, Any]:
     """Run ``single(file)`` for one plain file, else the dataset job (``-o`` a folder; ``safety``: the
-    ``SafetyOptions`` its files are opened with; ``rollouts`` False: the inputs are split files)."""
+    ``SafetyOptions`` its files are opened with; ``rollouts`` False: the inputs are split files; ``progress``: the
+    dataset's bar)."""
     from rolloutcli.pipeline.dataset_job import partial_folder, run_dataset
     from rolloutcli.pipeline.engine import prestart, unit_modules
 
@@ -76,6 +78,7 @@ def per_file(
             resume=resume,
             safety=safety,
             rollouts=rollouts,
+            progress=progress,
         )
     except BaseException:  # a signal's message then names the partial folder the run kept, if it kept one
         kept = partial_folder(output)
@@ -83,10 +86,17 @@ def per_file(
         raise
 
 
-def render_dataset(console: Any, summary: dict[str, Any]) -> None:
-    """The summary of a dataset run."""
-    reused = f" ({summary['reused']} kept from the earlier run)" if summary.get("reused") else ""
-    console.print(f"Wrote {summary['files']} files{reused} and dataset.json to {summary['output']}")
+def render_dataset(render: Callable[[Any, dict[str, Any]], None]) -> Callable[[Any, dict[str, Any]], None]:
+    """The summary of a dataset run: what it wrote, then the command's own summary (``render``) over the files it
+    ran (all of them, unless --resume kept some)."""
+
+    def draw(console: Any, summary: dict[str, Any]) -> None:
+        reused = f" ({summary['reused']} kept from the earlier run)" if summary.get("reused") else ""
+        console.print(f"Wrote {summary['files']} files{reused} and dataset.json to {summary['output']}")
+        if summary.get("per_file"):
+            render(console, {**summary["total"], "seconds": summary["seconds"]})
+
+    return draw
 
 
 def derive_command(
@@ -123,6 +133,7 @@ def derive_command(
         resume=common.resume,
         single=single,
         safety=common.run().safety,
+        progress=common.dataset_progress(),
     )
     if "reused" in summary:
-        common.emit(summary, render_dataset, output)
+        common.emit(summary, render_dataset(render), output)

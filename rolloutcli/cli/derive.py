@@ -88,7 +88,13 @@ def render_gae(console: Console, summary: dict[str, Any]) -> None:
         f"gamma {summary['gamma']}  lambda {summary['lambda']}  normalized {summary['normalized']}  "
         f"last values: {summary['last_values']}"
     )
-    console.print(f"time-outs: {describe(summary['timeouts'], summary['timeouts_from'])}; {bootstrap}")
+    files = summary.get("timeouts_files")  # a dataset whose files had different rules
+    rule = (
+        describe(summary["timeouts"], summary["timeouts_from"])
+        if not files
+        else "; ".join(f"{described} in {n} file{'s' * (n != 1)}" for described, n in files.items())
+    )
+    console.print(f"time-outs: {rule}; {bootstrap}")
     console.print(_stats_line("advantages", summary["advantages"]))
     console.print(_stats_line("returns", summary["returns"]))
     console.print(f"done in {summary['seconds']:.2f} s")

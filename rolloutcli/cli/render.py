@@ -148,13 +148,21 @@ class RichProgress(Progress):
         stop_if_signalled()  # a stop point: a signal held back during an import, or whose exception was lost
         if not self.enabled:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress
 
         self.finish()
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        self._bar = Progress(*columns, console=stderr, transient=True)
+        self._bar = Progress(*self._columns(), console=stderr, transient=True)
         self._bar.start()
         self._task = self._bar.add_task(one_line(description), total=total)
+
+    def _columns(self) -> tuple[Any, ...]:
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+        return (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+
+    def describe(self, description: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=one_line(description))
 
     def advance(self, amount: int = 1) -> None:
         stop_if_signalled()
@@ -171,6 +179,22 @@ class RichProgress(Progress):
         """A warning about the data: one line on stderr, unless --quiet."""
         if not self.quiet:
             stderr.print(f"warning: {one_line(message)}")
+
+
+class DatasetProgress(RichProgress):
+    """A dataset run's bar: the files done (its description), the bytes of the inputs read, the time left. The test
+    hook pauses in the units (their own progress), not here."""
+
+    def __init__(self, quiet: bool) -> None:
+        super().__init__(quiet)
+        self._test = Progress()
+
+    def _columns(self) -> tuple[Any, ...]:
+        from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn
+
+        # at most about 70 columns: "gae: 10000/10000 files", the bar, "12.3/45.6 GiB", "0:00:12"
+        bar = BarColumn(bar_width=20)
+        return (TextColumn("{task.description}"), bar, DownloadColumn(binary_units=True), TimeRemainingColumn())
 
 
 def grid(

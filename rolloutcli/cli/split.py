@@ -59,9 +59,10 @@ def split(
         single=single,
         safety=run.safety,
         rollouts=not unpad,
+        progress=common.dataset_progress(),
     )
     if "reused" in summary:
-        common.emit(summary, render_dataset, output)
+        common.emit(summary, render_dataset(render_split), output)
 
 
 def render_split(console: Console, summary: dict[str, Any]) -> None:
@@ -81,8 +82,8 @@ def render_split(console: Console, summary: dict[str, Any]) -> None:
         + ")"
     )
     console.print(
-        f"trajectory length: min {lengths['min']}  mean {_num(lengths['mean'])}  median {lengths['p50']}  "
-        f"p95 {lengths['p95']}  max {lengths['max']}"
+        f"trajectory length: min {_num(lengths['min'])}  mean {_num(lengths['mean'])}  median "
+        f"{_num(lengths['p50'])}  p95 {_num(lengths['p95'])}  max {_num(lengths['max'])}"
     )
     console.print(
         f"padding overhead: {_size(summary['padded_bytes'])} from {_size(summary['input_bytes'])} "

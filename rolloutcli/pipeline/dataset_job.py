@@ -28,8 +28,10 @@ from rolloutcli.hdf5.reader import kept_open
 from rolloutcli.hdf5.rename import rename_noreplace
 from rolloutcli.pipeline.dataset_journal import JOURNAL, RECORD, Journal, earlier_entries
 from rolloutcli.pipeline.dataset_partial import check_partial_folder, check_published, discard_partial
+from rolloutcli.pipeline.dataset_totals import Totals, compact
 from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
-from rolloutcli.pipeline.progress import unit_progress
+from rolloutcli.pipeline.progress import Progress, unit_progress
+from rolloutcli.pipeline.timeouts_rule import DATASET_DEFAULT_NOTE
 
 DATASET_FORMAT = "rolloutcli.dataset"
 DATASET_VERSION = 1
@@ -118,10 +120,11 @@ def hashed_unit(
 ) -> dict[str, Any]:
     """A dataset's work unit: check that ``src``'s per-step fields agree with the first file's, run the
     command's unit ``fn(*args)`` writing ``out`` from ``src``, then return the entries of both for
-    ``dataset.json``. The check and the hashing run in the workers, in parallel; the file is probed once
-    (``ahead``: the file of the unit this process runs next, probed meanwhile), opened once. Run
-    again (Ray retries a task whose node was lost after it wrote ``out``; an ``OSError`` while hashing), it
-    replaces the ``out`` of the earlier attempt: the command's unit refused it as an existing output (exit 2)."""
+    ``dataset.json`` and the unit's summary made small (``summary``, for the driver's totals). The check and the
+    hashing run in the workers, in parallel; the file is probed once (``ahead``: the file of the unit this process
+    runs next, probed meanwhile), opened once. Run again (Ray retries a task whose node was lost after it wrote
+    ``out``; an ``OSError`` while hashing), it replaces the ``out`` of the earlier attempt: the command's unit
+    refused it as an existing output (exit 2)."""
     first, expected, safety = base
     if ahead is not None:  # the next unit's input, in this process: probed while this one runs
         probe_ahead(ahead, safety)
@@ -132,8 +135,8 @@ def hashed_unit(
         source = _input_entry(src, name)
         if os.path.lexists(out):
             os.unlink(out)
-        fn(*args, **unit_progress())
-    return {"input": source, "output": _entry(out, name)}
+        summary = fn(*args, **unit_progress())
+    return {"input": source, "output": _entry(out, name), "summary": compact(summary)}
 
 
 def run_dataset(
@@ -148,6 +151,7 @@ def run_dataset(
     resume: bool = False,
     safety: SafetyOptions | None = None,
     rollouts: bool = True,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Write one output per input of ``dataset`` into the folder ``dst`` (see the module docstring).
 
@@ -155,7 +159,8 @@ def run_dataset(
     per-step fields must agree with the first file's (``dataset.check_agreement``'s rule, checked in the units;
     ``safety``: how they are opened for it). With a local pool the first failing file is reported, as a serial
     check would. ``rollouts`` False: the inputs are no rollout files (``split --unpad``'s split files, which each
-    unit checks in full), and no agreement is checked.
+    unit checks in full), and no agreement is checked. ``progress`` advances by each finished file's input bytes;
+    the result holds the summary over the files run (``total``) and a row per file (``per_file``).
     """
     dst = Path(dst)
     tmp = partial_folder(dst)
@@ -174,8 +179,10 @@ def run_dataset(
     try:
         serial = engine.engine == "local" and engine.workers == 1  # then the units run in order, here
         units = _Units(dataset, tmp, make_unit, base, journal.offsets, serial)
-        run_units(units, engine, lambda k, result: journal.add(units.pending[k], result))
+        reporter = _Reporter(dataset, units.pending, journal, progress or Progress(), command)
+        run_units(units, engine, reporter.done)
     except BaseException:
+        (progress or Progress()).finish()
         journal.close()
         if not journal.done:  # nothing to resume: a corrected rerun must not be refused for an empty folder
             with contextlib.suppress(OSError):
@@ -187,13 +194,43 @@ def run_dataset(
     journal.compact()
     check_published(tmp, dataset.names, RECORD)  # a file planted in the folder: refused, never published
     _publish(tmp, dst, overwrite)
+    reporter.finish()
     return {
         "input": [str(f) for f in dataset.files],
         "output": str(dst),
         "files": len(dataset.files),
         "reused": reused,
         "bytes_written": journal.bytes_written,
+        "total": reporter.totals.result(str(dst)),
+        "per_file": reporter.totals.per_file(),
     }
+
+
+class _Reporter:
+    """The driver's side of each finished unit: its entries into the journal, its summary into the totals, its
+    input's bytes onto the progress bar (files done in its description)."""
+
+    def __init__(self, dataset: Dataset, pending: array, journal: Journal, progress: Progress, command: str) -> None:
+        self.dataset, self.pending, self.journal, self.progress = dataset, pending, journal, progress
+        self.totals, self.command, self.count = Totals(), command, len(pending)
+        self.progress.start(self._description(), sum(os.path.getsize(dataset.files[i]) for i in pending))
+
+    def _description(self) -> str:
+        return f"{self.command}: {self.totals.files}/{self.count} files"
+
+    def done(self, k: int, result: dict[str, Any]) -> None:
+        i = self.pending[k]
+        summary = result.pop("summary")
+        self.journal.add(i, result)
+        self.totals.add(i, self.dataset.names[i], result["output"]["size_bytes"], summary)
+        self.progress.describe(self._description())
+        self.progress.advance(result["input"]["size_bytes"])
+
+    def finish(self) -> None:
+        """The bar removed, then the one warning about files without a time-out rule."""
+        self.progress.finish()
+        if self.totals.defaulted:
+            self.progress.warn(DATASET_DEFAULT_NOTE.format(count=self.totals.defaulted, files=self.totals.files))
 
 
 def _start_journal(journal: Journal, kept: Iterable[tuple[int, dict[str, Any]]]) -> Journal:

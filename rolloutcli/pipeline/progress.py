@@ -25,6 +25,9 @@ class Progress:
     def advance(self, amount: int = 1) -> None:
         pass
 
+    def describe(self, description: str) -> None:
+        """A new description for the running bar (a dataset's files done)."""
+
     def finish(self) -> None:
         pass
 

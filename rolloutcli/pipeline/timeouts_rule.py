@@ -22,6 +22,9 @@ DEFAULT_NOTE = (
     "final-value for gymnasium, SB3 or TorchRL data."
 )
 
+# one line of at most 80 columns after "warning: " for up to 99,999 files (--timeouts names the other rules)
+DATASET_DEFAULT_NOTE = "{count} of {files} files lack timeouts_rule: applied --timeouts " + DEFAULT_RULE + " to them"
+
 
 def recorded_rule(path: Path | str, attrs: Mapping[str, Any]) -> str | None:
     """The file's ``timeouts_rule`` (None when absent); any other value than a rule's name is refused (exit 1)."""
