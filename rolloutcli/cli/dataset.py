@@ -49,10 +49,11 @@ def per_file(
     safety: SafetyOptions | None = None,
     rollouts: bool = True,
     progress: Any = None,
+    rows: bool = True,
 ) -> dict[str, Any]:
     """Run ``single(file)`` for one plain file, else the dataset job (``-o`` a folder; ``safety``: the
     ``SafetyOptions`` its files are opened with; ``rollouts`` False: the inputs are split files; ``progress``: the
-    dataset's bar)."""
+    dataset's bar; ``rows``: keep a row per file, for ``--json``)."""
     from rolloutcli.pipeline.dataset_job import partial_folder, run_dataset
     from rolloutcli.pipeline.engine import prestart, unit_modules
 
@@ -79,6 +80,7 @@ def per_file(
             safety=safety,
             rollouts=rollouts,
             progress=progress,
+            rows=rows,
         )
     except BaseException:  # a signal's message then names the partial folder the run kept, if it kept one
         kept = partial_folder(output)
@@ -93,7 +95,7 @@ def render_dataset(render: Callable[[Any, dict[str, Any]], None]) -> Callable[[A
     def draw(console: Any, summary: dict[str, Any]) -> None:
         reused = f" ({summary['reused']} kept from the earlier run)" if summary.get("reused") else ""
         console.print(f"Wrote {summary['files']} files{reused} and dataset.json to {summary['output']}")
-        if summary.get("per_file"):
+        if summary.get("ran"):
             render(console, {**summary["total"], "seconds": summary["seconds"]})
 
     return draw
@@ -134,6 +136,7 @@ def derive_command(
         single=single,
         safety=common.run().safety,
         progress=common.dataset_progress(),
+        rows=common.json_output,  # a row per file only where it is printed
     )
     if "reused" in summary:
         common.emit(summary, render_dataset(render), output)

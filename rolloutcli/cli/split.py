@@ -60,6 +60,7 @@ def split(
         safety=run.safety,
         rollouts=not unpad,
         progress=common.dataset_progress(),
+        rows=common.json_output,  # a row per file only where it is printed
     )
     if "reused" in summary:
         common.emit(summary, render_dataset(render_split), output)

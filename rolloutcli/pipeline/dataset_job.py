@@ -152,6 +152,7 @@ def run_dataset(
     safety: SafetyOptions | None = None,
     rollouts: bool = True,
     progress: Progress | None = None,
+    rows: bool = True,
 ) -> dict[str, Any]:
     """Write one output per input of ``dataset`` into the folder ``dst`` (see the module docstring).
 
@@ -160,7 +161,8 @@ def run_dataset(
     ``safety``: how they are opened for it). With a local pool the first failing file is reported, as a serial
     check would. ``rollouts`` False: the inputs are no rollout files (``split --unpad``'s split files, which each
     unit checks in full), and no agreement is checked. ``progress`` advances by each finished file's input bytes;
-    the result holds the summary over the files run (``total``) and a row per file (``per_file``).
+    the result holds the summary over the ``ran`` files run (``total``) and, with ``rows``, a row per file
+    (``per_file``; else None: the driver's memory stays flat in the file count).
     """
     dst = Path(dst)
     tmp = partial_folder(dst)
@@ -179,7 +181,7 @@ def run_dataset(
     try:
         serial = engine.engine == "local" and engine.workers == 1  # then the units run in order, here
         units = _Units(dataset, tmp, make_unit, base, journal.offsets, serial)
-        reporter = _Reporter(dataset, units.pending, journal, progress or Progress(), command)
+        reporter = _Reporter(dataset, units.pending, journal, progress or Progress(), command, rows)
         run_units(units, engine, reporter.done)
     except BaseException:
         (progress or Progress()).finish()
@@ -202,7 +204,8 @@ def run_dataset(
         "reused": reused,
         "bytes_written": journal.bytes_written,
         "total": reporter.totals.result(str(dst)),
-        "per_file": reporter.totals.per_file(),
+        "ran": reporter.totals.files,
+        "per_file": reporter.totals.per_file() if rows else None,
     }
 
 
@@ -210,9 +213,11 @@ class _Reporter:
     """The driver's side of each finished unit: its entries into the journal, its summary into the totals, its
     input's bytes onto the progress bar (files done in its description)."""
 
-    def __init__(self, dataset: Dataset, pending: array, journal: Journal, progress: Progress, command: str) -> None:
+    def __init__(
+        self, dataset: Dataset, pending: array, journal: Journal, progress: Progress, command: str, rows: bool
+    ) -> None:
         self.dataset, self.pending, self.journal, self.progress = dataset, pending, journal, progress
-        self.totals, self.command, self.count = Totals(), command, len(pending)
+        self.totals, self.command, self.count = Totals(rows), command, len(pending)
         self.progress.start(self._description(), sum(os.path.getsize(dataset.files[i]) for i in pending))
 
     def _description(self) -> str:
