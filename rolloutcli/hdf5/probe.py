@@ -170,8 +170,9 @@ _PROBED: dict[tuple[Any, ...], list[int] | None] | None = None
 @contextlib.contextmanager
 def probed_once() -> Iterator[None]:
     """Inside the block, a file found sound is not probed again while it is the same file with the same size
-    and modification and change times (a dataset's work unit opens its input twice: a probe is a round trip to
-    the helper and a metadata read, a few ms). Outside it, every open probes."""
+    and modification and change times (``batch`` opens a dataset's files to check them, then to export them; a
+    unit's input opened again while a first handle is still open: a probe is a round trip to the helper and a
+    metadata read, a few ms). Outside it, every open probes."""
     global _PROBED
     outer, _PROBED = _PROBED, {}
     try:

@@ -78,12 +78,13 @@ def kept_open() -> Iterator[None]:
         _KEPT[0] = None
 
 
-def _keep(key: tuple[Any, ...], handle: h5py.File, state: tuple[Any, ...]) -> bool:
-    """Keep ``state`` (an input being closed) for the next ``H5Input`` of ``key``; False when not keeping."""
+def _keep(key: tuple[Any, ...], state: tuple[Any, ...]) -> bool:
+    """Keep ``state`` (an input being closed: its stack, handle, listing, attributes) for the next ``H5Input`` of
+    ``key``; False when not keeping."""
     if _KEPT[0] is None:
         return False
     try:
-        found = identity(os.fstat(handle.id.get_vfd_handle()))
+        found = identity(os.fstat(state[1].id.get_vfd_handle()))
     except (OSError, *HDF5_ERRORS):
         return False
     _drop_kept()
@@ -146,7 +147,7 @@ class H5Input:
         if not self._closed:
             self._closed = True
             state = (self._stack, self.handle, self.named_types, self.datasets, self.attrs)
-            if not _keep(self._key, self.handle, state):
+            if not _keep(self._key, state):
                 self._stack.close()
 
     def guard(self, fn: Callable[[], R], field: str | None = None) -> R:
