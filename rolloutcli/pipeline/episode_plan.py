@@ -92,6 +92,11 @@ class EpisodePlan:
     not_held: list[str] = field(default_factory=list)
     left_out: int = 0
     partial: int = 0  # partial episodes in the dataset (kept or left out)
+    # How the reader finds them (set by the planner): chunk row name -> dataset path; observation key ->
+    # last_observations path; file -> its pieces (episode, row_start, row_stop, step of the episode at row_start).
+    sources: dict[str, str] = field(default_factory=dict)
+    last: dict[str, str] = field(default_factory=dict)
+    pieces: dict[int, list[tuple[Episode, int, int, int]]] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
