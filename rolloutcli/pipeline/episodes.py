@@ -165,6 +165,7 @@ class _Open:
     start: int
     partial_start: bool
     pieces: list[tuple[int, int, int]]
+    origin: tuple[int, int]
 
     @property
     def steps(self) -> int:
@@ -190,7 +191,7 @@ def _walk(rec: list[int], facts: list[_File], first_file: int, name: str) -> lis
             ep = carried.pop(seg.lane) if seg.start == 0 and seg.lane in carried else None
             if ep is None:
                 partial = pos == 0 and seg.start == 0 and not f.from_reset
-                ep = _Open(f.recording or name, seg.lane, offset + seg.start, partial, [])
+                ep = _Open(f.recording or name, seg.lane, offset + seg.start, partial, [], (f.index or 0, seg.start))
             ep.pieces.append((k, seg.start, seg.stop))
             if seg.ended:
                 timeout = f.ends[(seg.stop - 1, seg.lane)]
@@ -224,11 +225,16 @@ def plan_episodes(
         signatures.append(sig)
     found: list[tuple[_Open, tuple]] = []
     plan_files: list[Path] = []
+    standalone = {}
     for rec in _order(facts):
         episodes = _walk(rec, facts, len(plan_files), names[rec[0]])
         found.extend(sorted(episodes, key=lambda item: (item[0].start, item[0].lane)))
+        if facts[rec[0]].recording is None:
+            standalone[names[rec[0]]] = len(plan_files)
         plan_files.extend(facts[i].path for i in rec)
-    return _assemble(plan_files, found, partial, safety)
+    plan = _assemble(plan_files, found, partial, safety)
+    plan.standalone = standalone
+    return plan
 
 
 def _assemble(
@@ -252,6 +258,7 @@ def _assemble(
             has_next=has_next,
             first_file=ep.pieces[0][0],
             last_file=ep.pieces[-1][0],
+            origin=ep.origin,
         )
         episodes.append(episode)
         offset = 0
