@@ -8,6 +8,7 @@ one file arrive interleaved, file by file, each episode's in order of offset, as
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def build(
         )
         episodes.append(episode)
         rows.append(episode_rows(e, spec, obs, actions, extra))
-        for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+        for i, (a, b) in enumerate(itertools.pairwise(cuts)):
             pieces[first + i].append((episode, a, b))
     chunks = []
     for f in range(files):
