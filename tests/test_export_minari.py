@@ -13,6 +13,7 @@ from unittest import mock
 import h5py
 import numpy as np
 import pytest
+from conftest import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from minari_factory import DICT_OBS, EXTRA_FIELDS, FLOAT_OBS, Spec, build
@@ -205,9 +206,36 @@ def test_a_name_minari_cannot_load_is_refused(tmp_path: Path, name: str, split: 
 def test_what_minari_cannot_hold_is_named(tmp_path: Path) -> None:
     plan, chunks, _ = build([Spec(2)], extra=EXTRA_FIELDS)
     plan.not_held = ["last_values", "hidden_states/actor/0"]
+    plan.fields["actions_log_prob"] = plan.fields["distribution/mean"] = (np.dtype(np.float32), ())
     assert _export(tmp_path, "held-v0", plan, chunks) == [
-        "minari has no place for hidden_states, last_values, values: left out of the export"
+        "minari has no place for actions_log_prob, distribution, hidden_states, last_values, values: left out of "
+        "the export"
     ]
+
+
+def test_the_command_exports_a_recording(tmp_path: Path, cli) -> None:
+    """``rolloutcli export`` of a real recording: each Minari episode is its env lane's rows in the source."""
+    src = REPO / "sample_data" / "cartpole_gru.h5"
+    code, out, err = cli("export", src, "--to", "minari", "-o", tmp_path / "cart-v0", "--partial-episodes", "--json")
+    assert code == 0, err
+    assert json.loads(out)["warnings"][0] == (
+        "minari has no place for actions_log_prob, distribution, hidden_states, last_values, privileged_actions, "
+        "values: left out of the export"
+    )
+    dataset = _load(tmp_path, "cart-v0")
+    meta = list(dataset.storage.get_episode_metadata(range(dataset.total_episodes)))
+    with h5py.File(src) as f:
+        obs = {key: f[f"observations/{key}"][:] for key in ("policy", "critic")}
+        actions, rewards, dones = f["actions"][:], f["rewards"][:], f["dones"][:]
+    assert dataset.total_steps == dones.size - dataset.total_episodes  # no final observations recorded
+    for episode, m in zip(dataset.iterate_episodes(), meta, strict=True):
+        lane, start, steps = int(m["lane"]), int(m["start_step"]), int(m["total_steps"])
+        at = slice(start, start + steps)
+        assert bool(m["last_step_left_out"])
+        for key in obs:
+            assert np.array_equal(episode.observations[key], obs[key][start : start + steps + 1, lane])
+        assert np.array_equal(episode.actions, actions[at, lane]) and np.array_equal(episode.rewards, rewards[at, lane])
+        assert not dones[at, lane].any() and not episode.terminations.any() and not episode.truncations.any()
 
 
 def test_refusals(tmp_path: Path) -> None:

@@ -52,6 +52,11 @@ class _Side:
     steps: int = 0
 
 
+def output_kind(split: bool) -> str:
+    """A Minari dataset is a folder (a split: a folder of two)."""
+    return "folder"
+
+
 def _final_name(out: Path) -> Path:
     """The destination ``out`` stands for: the command writes ``.<name>.rolloutcli-tmp-<random>`` beside it."""
     name = out.name

@@ -116,7 +116,7 @@ def metadata(dataset_id: str, episodes: int, steps: int, spaces: tuple[dict, dic
 
 def not_held(plan: EpisodePlan) -> list[str]:
     """The top-level names of the dataset's fields that a Minari episode has no place for."""
-    names = [name for name in plan.fields if not any(name == h or name.startswith(h) for h in HELD)]
+    names = [name for name in plan.fields if not any(name == h or (h[-1] == "/" and name.startswith(h)) for h in HELD)]
     return sorted({name.split("/")[0] for name in [*names, *plan.not_held]})
 
 
