@@ -285,3 +285,30 @@ def test_any_episodes_load_back(ends: list, files: int, seed: int) -> None:
         for episode, number in zip(episodes, numbers, strict=True):
             for name, value in _expected(rows[number], FLOAT_OBS, kept[number]).items():
                 _assert_same(getattr(episode, name), value)
+
+
+def test_layout_matches_minaris_own_writer(tmp_path: Path) -> None:
+    """Minari's DataCollector (the reference) writes the same metadata keys and episode datasets, flags as bool."""
+    from import_factory import make_minari
+
+    with mock.patch.dict(os.environ), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its env_spec (a lambda wrapper) is not serialisable
+        folder, _ = make_minari(tmp_path / "theirs", 2, dict_obs=True)
+    plan, chunks, _ = build([Spec(3)], obs={"pos": FLOAT_OBS["policy"], "vel/v": FLOAT_OBS["policy"]})
+    _export(tmp_path / "ours", "mine-v0", plan, chunks)
+    meta = [json.loads((f / "data" / "metadata.json").read_text()) for f in (folder, tmp_path / "ours" / "mine-v0")]
+    assert set(meta[0]) - {"algorithm_name"} <= set(meta[1])
+    assert meta[1]["jpeg_encoding"] is False and meta[0]["minari_version"] == meta[1]["minari_version"]
+    listing = []
+    for f in (folder, tmp_path / "ours" / "mine-v0"):
+        with h5py.File(f / "data" / "main_data.hdf5") as h:
+            episode = h["episode_0"]
+            names = []
+            episode.visititems(lambda n, o, names=names: names.append(n) if isinstance(o, h5py.Dataset) else None)
+            flags = {episode[n].dtype for n in ("terminations", "truncations")}
+            listing.append((set(names) - {"infos/source_file"}, flags, {"id", "total_steps"} <= set(episode.attrs)))
+    assert listing[0] == listing[1] == (
+        {"actions", "observations/pos", "observations/vel/v", "rewards", "terminations", "truncations"},
+        {np.dtype(bool)},
+        True,
+    )

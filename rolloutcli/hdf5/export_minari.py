@@ -27,7 +27,8 @@ from rolloutcli.hdf5.safety import translate_write_error
 from rolloutcli.pipeline import minari_layout as layout
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
 
-_OUTPUT_ERRORS = (OSError, RuntimeError, MemoryError)
+# What h5py raises on a failed write: OS faults (exit 3 with their fix), and libhdf5's refusals.
+_OUTPUT_ERRORS = (OSError, RuntimeError, MemoryError, TypeError, ValueError, KeyError)
 SOURCE_FILE = "infos/source_file"
 Valid = Callable[[Episode], bool] | None
 
@@ -82,8 +83,7 @@ def _create(group: h5py.Group, name: str, rows: int, dtype: np.dtype, shape: tup
         if part not in holder:
             _untimed_group(holder, part)
     (group[parent] if parent else group).create_dataset(
-        leaf, shape=(rows, *shape), dtype=dtype, maxshape=(None, *shape), chunks=True if rows else None,
-        track_times=False,
+        leaf, shape=(rows, *shape), dtype=dtype, maxshape=(None, *shape), chunks=True, track_times=False
     )
 
 
