@@ -18,6 +18,7 @@ from episode_chunks import OBS, STANDARD, kept, make
 
 from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5.export_robomimic import export_robomimic
+from rolloutcli.hdf5.writer import RolloutOutput
 
 WHY = "robomimic is not installed: .ci/run installs it (pip install --no-deps robomimic==0.3.0 tqdm termcolor)"
 
@@ -149,7 +150,8 @@ def test_round_trip_through_import(tmp_path: Path, cli) -> None:
             np.testing.assert_array_equal(got.reshape(want[name].shape), want[name])
         assert bool(back["time_outs"][end, 0]) == (not want["dones"][-1])
         np.testing.assert_array_equal(back["recorded_dones"][first : end + 1, 0], want["dones"])
-        assert (back["source_file"][first : end + 1, 0] >= episode.first_file).all()
+        files = [episode.first_file + j for j, cut in enumerate(STANDARD[number].cuts) for _ in range(cut)]
+        assert back["source_file"][first : end + 1, 0].tolist() == files[: kept(episode)]
         first = end + 1
     assert first == len(back["dones"])
 
@@ -168,6 +170,22 @@ def test_an_empty_side_has_an_empty_mask(tmp_path: Path) -> None:
     with h5py.File(tmp_path / "r.hdf5", "r") as f:
         assert f["mask/valid"].shape == (0,)
         assert [n.decode() for n in f["mask/train"][()]] == ["demo_0", "demo_1"]
+
+
+def test_complete_demos_are_let_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The datasets of a demo whose last chunk was written are released: open datasets stay those of the
+    episodes being written, not all of them (each holds libhdf5 memory)."""
+    left = []
+    close = RolloutOutput.__exit__
+
+    def recording_exit(self, *args):
+        left.append(len(self._objects))
+        return close(self, *args)
+
+    monkeypatch.setattr(RolloutOutput, "__exit__", recording_exit)
+    made = make(STANDARD)
+    export_robomimic(tmp_path / "r.hdf5", made.plan, made.chunks, None)
+    assert left == [0]
 
 
 def test_a_stream_that_stops_early_is_refused(tmp_path: Path) -> None:

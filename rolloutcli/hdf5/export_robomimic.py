@@ -119,4 +119,7 @@ def _write_chunk(out: Path, h5: RolloutOutput, chunk: Chunk, demo: _Demo, keys: 
         dones[-1] = 1  # robomimic's done: the task ended here (not a time-out, not a cut)
     write_rows(h5, f"{demo.name}/dones", dst.start, dones)
     write_rows(h5, f"{demo.name}/source_file", dst.start, np.full(src.stop, chunk.file, np.int32))
+    if chunk.last:  # an episode's chunks come in order: its demo is complete
+        names = [f"{demo.name}/{p}/{key}" for p in ("obs", "next_obs") for key in keys]
+        h5.release([*names, *(f"{demo.name}/{n}" for n in ("actions", "rewards", "dones", "source_file"))])
     return src.stop
