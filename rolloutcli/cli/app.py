@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rolloutcli.cli import batch, derive, importer, inspect, plot, split, stats
+from rolloutcli.cli import batch, derive, export, importer, inspect, plot, split, stats
 from rolloutcli.cli import signals as cli_signals
 from rolloutcli.cli.common import GuardedStdout, RunState, StdoutClosed
 from rolloutcli.cli.helpformat import Command
@@ -77,6 +77,7 @@ app.command(cls=Command, epilog=_example(derive.GAE_EXAMPLE))(derive.gae)
 app.command(cls=Command, epilog=_example(split.EXAMPLE))(split.split)
 app.command(cls=Command, epilog=_example(batch.EXAMPLE))(batch.batch)
 app.command(name="import", cls=Command, epilog=_example(importer.EXAMPLE))(importer.import_command)
+app.command(cls=Command, epilog=_example(export.EXAMPLE))(export.export)
 app.command(cls=Command, epilog=_example(derive.NSTEP_EXAMPLE))(derive.nstep)
 app.command(cls=Command, epilog=_example(stats.EXAMPLE))(stats.stats)
 app.command(cls=Command, epilog=_example(plot.EXAMPLE))(plot.plot)

@@ -275,13 +275,19 @@ def atomic_file(
 
 
 def _seal_folder(tmp: Path, mode: int) -> None:
-    """chmod then fsync every file (the first fsync commits every chmod at once), then the folder itself."""
+    """chmod then fsync every file (the first fsync commits every chmod at once), then the folder itself; a
+    folder inside (an export's layout) is sealed the same way first."""
     children = list(tmp.iterdir())
+    folders = [child for child in children if child.is_dir() and not child.is_symlink()]
+    for folder in folders:
+        _seal_folder(folder, mode)
     for child in children:
-        os.chmod(child, mode)
+        if child not in folders:
+            os.chmod(child, mode)
     for child in children:
-        with open(child, "rb+") as handle:
-            os.fsync(handle.fileno())
+        if child not in folders:
+            with open(child, "rb+") as handle:
+                os.fsync(handle.fileno())
     os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # folders need x where they have r
     fsync_dir(tmp)
 

@@ -28,6 +28,8 @@ class Episode:
     is a truncation; a partial end is neither). ``has_next``: the observation after its last step was recorded
     (``final_observations`` at the done, or ``last_observations`` at the end of the last file).
     ``first_file``/``last_file``: indices into :attr:`EpisodePlan.files` of the files its steps come from.
+    ``origin`` names its first step whatever files the dataset holds besides (``start`` counts from the first
+    file of the recording in the dataset): a split draws from it.
     """
 
     number: int
@@ -42,6 +44,7 @@ class Episode:
     has_next: bool
     first_file: int
     last_file: int
+    origin: tuple[int, int] = (0, 0)  # (recording_index of its first file, row there): where it starts, stably
 
     @property
     def partial(self) -> bool:
@@ -92,6 +95,12 @@ class EpisodePlan:
     not_held: list[str] = field(default_factory=list)
     left_out: int = 0
     partial: int = 0  # partial episodes in the dataset (kept or left out)
+    # How the reader finds them (set by the planner): chunk row name -> dataset path; observation key ->
+    # last_observations path; file -> its pieces (episode, row_start, row_stop, step of the episode at row_start).
+    sources: dict[str, str] = field(default_factory=dict)
+    last: dict[str, str] = field(default_factory=dict)
+    pieces: dict[int, list[tuple[Episode, int, int, int]]] = field(default_factory=dict)
+    standalone: dict[str, int] = field(default_factory=dict)  # a file without recording_id: its name -> file
 
     @property
     def steps(self) -> int:

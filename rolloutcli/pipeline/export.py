@@ -1,0 +1,128 @@
+"""``export``: a dataset's episodes, joined across consecutive recordings, written for another tool (Minari,
+robomimic, D4RL), optionally split into training and validation episodes or envs.
+
+The writers live in ``rolloutcli/hdf5/export_<target>.py`` (one entry point each, see
+:mod:`rolloutcli.pipeline.episode_plan`); this module plans, draws the split, streams the chunks and publishes
+the output atomically (a file or a folder, by target).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rolloutcli.core.episodes import valid_side
+from rolloutcli.dataset import file_hash, resolve
+from rolloutcli.errors import EXIT_USAGE, RolloutError
+from rolloutcli.hdf5.atomic import atomic_file, atomic_folder
+from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
+from rolloutcli.pipeline.episodes import plan_episodes, read_chunks
+from rolloutcli.pipeline.options import RunOptions
+from rolloutcli.pipeline.progress import Progress
+
+TARGETS = ("minari", "robomimic", "d4rl")
+SPLIT_BY = ("episode", "env")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """``partial``: keep episodes begun before the first file or unfinished at the last (marked).
+    ``valid_fraction``: the share drawn for validation (0: no split), ``split_by``: episode or env, ``seed``."""
+
+    target: str
+    partial: bool = False
+    valid_fraction: float = 0.0
+    split_by: str = "episode"
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.target not in TARGETS:
+            raise RolloutError(f"--to: expected {', '.join(TARGETS)}, found '{self.target}'.", exit_code=EXIT_USAGE)
+        if not 0.0 <= self.valid_fraction < 1.0:
+            raise RolloutError(
+                f"--valid-fraction: expected a number in [0, 1), found {self.valid_fraction}. "
+                "Give the share of episodes to hold out, e.g. 0.1.",
+                exit_code=EXIT_USAGE,
+            )
+        if self.split_by not in SPLIT_BY:
+            raise RolloutError(f"--split-by: expected episode or env, found '{self.split_by}'.", exit_code=EXIT_USAGE)
+
+
+def _writer(target: str) -> tuple[Callable[..., list[str]], Callable[[bool], str]]:
+    """The target's entry point and whether it writes a file or a folder (with or without a split)."""
+    module = importlib.import_module(f"rolloutcli.hdf5.export_{target}")
+    return getattr(module, f"export_{target}"), module.output_kind
+
+
+def splitter(plan: EpisodePlan, options: ExportOptions) -> Callable[[Episode], bool] | None:
+    """Whether an episode goes to the validation side: drawn from the seed and the episode's identity (its
+    recording, env and first step) or its env's (recording, env), so that adding files never moves an episode
+    or an env to the other side. A file without ``recording_id`` is named by its content's hash."""
+    if options.valid_fraction <= 0:
+        return None
+    names = {ep.recording: ep.recording for ep in plan.episodes}
+    names.update({name: file_hash(plan.files[file]) for name, file in plan.standalone.items()})
+
+    def valid(ep: Episode) -> bool:
+        lane = f"{names[ep.recording]}\0{ep.lane}"
+        identity = lane if options.split_by == "env" else f"{lane}\0{ep.origin[0]}\0{ep.origin[1]}"
+        return valid_side(options.seed, identity, options.valid_fraction)
+
+    return valid
+
+
+def _counted(chunks: Iterator[Chunk], progress: Progress) -> Iterator[Chunk]:
+    for chunk in chunks:
+        yield chunk
+        progress.advance(chunk.steps)
+
+
+def run_export(
+    files: Sequence[str | Path],
+    dst: Path,
+    options: ExportOptions,
+    run: RunOptions,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Export the episodes of the dataset ``files`` to ``dst``; the summary."""
+    options.check()
+    progress = progress or Progress()
+    started = time.monotonic()
+    dataset = resolve(files)
+    write, kind = _writer(options.target)
+    plan = plan_episodes(dataset.files, dataset.names, partial=options.partial, safety=run.safety)
+    if not plan.episodes:
+        raise RolloutError(
+            f"{dataset.files[0]}: field 'dones': expected at least one whole episode, found none "
+            f"({plan.partial} partial). Record longer, or keep partial episodes with --partial-episodes."
+        )
+    valid = splitter(plan, options)
+    publish = atomic_folder if kind(valid is not None) == "folder" else atomic_file
+    progress.start(f"export {options.target}", plan.steps)
+    with publish(dst, inputs=list(dataset.files), overwrite=overwrite) as tmp:
+        warnings = write(tmp, plan, _counted(read_chunks(plan, run.max_memory, run.safety), progress), valid)
+    progress.finish()
+    held_out = [ep for ep in plan.episodes if valid is not None and valid(ep)]
+    return {
+        "input": str(dataset.root if dataset.many else dataset.files[0]),
+        "output": str(dst),
+        "target": options.target,
+        "files": len(plan.files),
+        "episodes": len(plan.episodes),
+        "steps": plan.steps,
+        "partial_kept": plan.partial - plan.left_out,
+        "partial_left_out": plan.left_out,
+        "valid_episodes": len(held_out),
+        "valid_steps": sum(ep.steps for ep in held_out),
+        "split": None
+        if valid is None
+        else {"by": options.split_by, "fraction": options.valid_fraction, "seed": options.seed},
+        "warnings": warnings,
+        "seconds": time.monotonic() - started,
+    }
