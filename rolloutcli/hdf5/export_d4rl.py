@@ -42,6 +42,11 @@ TARGET = "d4rl"
 SPLIT_FILES = {"train": "train.hdf5", "valid": "valid.hdf5"}
 
 
+def output_kind(split: bool) -> str:
+    """What ``export_d4rl`` writes at ``out``: a file, or with a split a folder of two files."""
+    return "folder" if split else "file"
+
+
 def export_d4rl(
     out: Path, plan: EpisodePlan, chunks: Iterable[Chunk], valid: Callable[[Episode], bool] | None
 ) -> list[str]:

@@ -49,6 +49,11 @@ class _Demo:
     steps: int
 
 
+def output_kind(split: bool) -> str:
+    """What ``export_robomimic`` writes at ``out``: one file (a split is its ``mask/train`` and ``mask/valid``)."""
+    return "file"
+
+
 def export_robomimic(
     out: Path, plan: EpisodePlan, chunks: Iterable[Chunk], valid: Callable[[Episode], bool] | None
 ) -> list[str]:
