@@ -173,6 +173,12 @@ class RolloutOutput:
             self._objects[name] = self._do(lambda: self.file[name])
         self._do(lambda: self._objects[name].__setitem__(index, array))
 
+    def release(self, names: Iterable[str]) -> None:
+        """Forget the datasets :meth:`write` looked up: an export of many episodes keeps open only those of the
+        episodes still being written (each open dataset holds libhdf5 memory)."""
+        for name in names:
+            self._objects.pop(name, None)
+
     def put(self, name: str, value: torch.Tensor | np.ndarray) -> None:
         """Write one whole dataset (creating intermediate groups)."""
         array = to_numpy(value)

@@ -1,0 +1,152 @@
+"""Export whole episodes as a D4RL dataset: one HDF5 file of flat per-step arrays, episodes end to end.
+
+Layout (``N`` = the kept steps of all episodes, in episode order): ``observations`` ``[N, ...]`` (D4RL's own
+layout) where the rollout has one observation group, else ``observations/<key>`` (rolloutcli's ``import``
+reads both; D4RL's loaders expect the flat one); ``next_observations`` the same way; ``actions``; ``rewards``;
+``terminals`` and ``timeouts`` (bool); ``infos/source_file`` (int32: index into the root attribute
+``source_files`` of the file the step was read from). Every episode's last row has exactly one of
+``terminals`` (it terminated) or ``timeouts`` (a time-out, the recording's end, or a left-out last step), so
+D4RL's ``sequence_dataset`` cuts the episodes where they end. The flat dataset's one key is the attribute
+``key`` of ``observations``. Partial episodes: root attributes ``partial_start_rows`` (first row of each
+episode begun before the recording) and ``partial_end_rows`` (last row of each episode the recording cut).
+
+With a split, ``out`` is a folder holding ``train.hdf5`` and ``valid.hdf5``, each laid out as above.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+from rolloutcli.errors import EXIT_IO, RolloutError
+from rolloutcli.hdf5.export_steps import (
+    StepCount,
+    check_plan,
+    file_names,
+    kept_steps,
+    new_file,
+    next_observation,
+    rows_before,
+    rows_in,
+    split_side,
+    warnings,
+    write_rows,
+)
+from rolloutcli.hdf5.writer import RolloutOutput
+from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
+
+TARGET = "d4rl"
+SPLIT_FILES = {"train": "train.hdf5", "valid": "valid.hdf5"}
+
+
+def output_kind(split: bool) -> str:
+    """What ``export_d4rl`` writes at ``out``: a file, or with a split a folder of two files."""
+    return "folder" if split else "file"
+
+
+def export_d4rl(
+    out: Path, plan: EpisodePlan, chunks: Iterable[Chunk], valid: Callable[[Episode], bool] | None
+) -> list[str]:
+    """Write ``plan``'s episodes, read from ``chunks``, as the D4RL file ``out`` (with ``valid``: the folder
+    ``out`` of ``train.hdf5`` and ``valid.hdf5``); the warning lines."""
+    check_plan(out, plan, TARGET)
+    sides = {e.number: split_side(valid, e) for e in plan.episodes}
+    first, sizes = _rows(plan, sides)
+    paths = {"train": out} if valid is None else {s: out / name for s, name in SPLIT_FILES.items()}
+    if valid is not None:
+        try:
+            out.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise RolloutError(f"{out}: cannot create the output folder: {exc.strerror}.", exit_code=EXIT_IO) from exc
+    names = _names(plan)
+    count = StepCount(plan)
+    with contextlib.ExitStack() as stack:
+        files = {side: stack.enter_context(new_file(path)) for side, path in paths.items()}
+        for side, h5 in files.items():
+            _create(h5, plan, names, sizes[side])
+            _flags_and_attrs(h5, plan, [e for e in plan.episodes if sides[e.number] == side], first)
+        for chunk in chunks:
+            number = chunk.episode.number
+            count.add(chunk, _write_chunk(out, files[sides[number]], chunk, first[number], names))
+        count.check(out)
+    return warnings(plan, TARGET)
+
+
+def _rows(plan: EpisodePlan, sides: dict[int, str]) -> tuple[dict[int, int], dict[str, int]]:
+    """Each episode's first row in its file, and each file's rows (episodes end to end, in episode order)."""
+    first, sizes = {}, {"train": 0, "valid": 0}
+    for episode in sorted(plan.episodes, key=lambda e: e.number):
+        side = sides[episode.number]
+        first[episode.number] = sizes[side]
+        sizes[side] += kept_steps(episode)
+    return first, sizes
+
+
+def _names(plan: EpisodePlan) -> dict[str, tuple[str, str]]:
+    """Observation key -> (its observations dataset, its next_observations dataset)."""
+    if len(plan.observations) == 1:
+        return {key: ("observations", "next_observations") for key in plan.observations}
+    return {key: (f"observations/{key}", f"next_observations/{key}") for key in plan.observations}
+
+
+def _create(h5: RolloutOutput, plan: EpisodePlan, names: dict[str, tuple[str, str]], rows: int) -> None:
+    for key, (dtype, shape) in plan.observations.items():
+        for name in names[key]:
+            h5.create(name, (rows, *shape), dtype)
+            if name in ("observations", "next_observations"):
+                h5.set_attrs({"key": key}, name)
+    for name in ("actions", "rewards"):
+        dtype, shape = plan.fields[name]
+        h5.create(name, (rows, *shape), dtype)
+    h5.create("infos/source_file", (rows,), np.int32)
+    h5.set_attrs({"source_files": file_names(plan)})
+
+
+def _flags_and_attrs(h5: RolloutOutput, plan: EpisodePlan, episodes: list[Episode], first: dict[int, int]) -> None:
+    """``terminals`` and ``timeouts``, known from the plan (one flag per episode, at its last kept row; held as
+    the row indices only), and the partial episodes' rows."""
+    ends = [(first[e.number] + kept_steps(e) - 1, e) for e in episodes if kept_steps(e)]
+    rows = sum(kept_steps(e) for e in episodes)
+    terminal = [row for row, e in ends if e.terminated and e.has_next]
+    timeout = [row for row, e in ends if not (e.terminated and e.has_next)]
+    for name, where in (("terminals", terminal), ("timeouts", timeout)):
+        h5.create(name, (rows,), bool)
+        _set_rows(h5, name, rows, where)
+    h5.set_attrs(
+        {
+            "partial_start_rows": np.array(
+                [first[e.number] for e in episodes if e.partial_start and kept_steps(e)], np.int64
+            ),
+            "partial_end_rows": np.array([row for row, e in ends if e.partial_end], np.int64),
+        }
+    )
+
+
+def _set_rows(h5: RolloutOutput, name: str, rows: int, where: list[int], block: int = 1 << 20) -> None:
+    """``name[where] = True``, every row written, a block of rows at a time (memory stays one block)."""
+    marks = np.asarray(where, np.int64)
+    for start in range(0, rows, block):
+        flags = np.zeros(min(block, rows - start), bool)
+        inside = marks[(marks >= start) & (marks < start + block)]
+        flags[inside - start] = True
+        h5.write(name, (slice(start, start + len(flags)),), flags)
+
+
+def _write_chunk(out: Path, h5: RolloutOutput, chunk: Chunk, base: int, names: dict[str, tuple[str, str]]) -> int:
+    """Write the chunk's kept steps at their rows (``base``: its episode's first row); how many it added."""
+    n = kept_steps(chunk.episode)
+    src, dst = rows_in(chunk, n)
+    before_src, before_dst = rows_before(chunk, n)
+    for key, (obs, next_obs) in names.items():
+        rows = chunk.rows[f"observations/{key}"]
+        write_rows(h5, obs, base + dst.start, rows[src])
+        write_rows(h5, next_obs, base + before_dst.start, rows[before_src])
+        if chunk.last and chunk.episode.has_next:
+            h5.write(next_obs, (base + n - 1,), next_observation(out, chunk, key))
+    for name in ("actions", "rewards"):
+        write_rows(h5, name, base + dst.start, chunk.rows[name][src])
+    write_rows(h5, "infos/source_file", base + dst.start, np.full(src.stop, chunk.file, np.int32))
+    return src.stop
