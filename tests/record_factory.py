@@ -183,3 +183,35 @@ def record_torchrl(folder: Path, nan_at: tuple[int, int] | None = None, fail_at:
         with mock.patch.object(adapter, "RolloutWriter", Failing):
             files.append(adapter.write_tensordict(td, folder / f"rollout_{n:06d}.h5", gamma=0.99, lam=0.95))
     return files
+
+
+def _cartpole_run(folder: Path, steps: int, steps_per_file: int, num_envs: int, seed: int) -> list[Path]:
+    """``steps`` steps of a vector CartPole (sync, 32-step time limit) recorded by ``RecordRollouts`` into files of
+    ``steps_per_file`` steps. The policy balances the pole, but takes the other action half of the time, drawn from
+    its own generator seeded with ``seed``: episodes of 10-32 steps, some ended by the time limit."""
+    import gymnasium as gym
+
+    from rolloutcli.record.gym import RecordRollouts
+
+    inner = gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="sync", max_episode_steps=32)
+    env = RecordRollouts(inner, folder, steps_per_file=steps_per_file, value_fn=lambda obs: obs.sum(-1), gamma=0.99)
+    generator = np.random.default_rng(seed)
+    try:
+        obs, _ = env.reset(seed=seed)
+        for _ in range(steps):
+            balance = obs[:, 2] + 0.5 * obs[:, 3] > 0
+            obs = env.step(np.where(generator.random(num_envs) < 0.5, ~balance, balance).astype(np.int64))[0]
+    finally:
+        env.close()
+    return env.files
+
+
+def consecutive_recordings(
+    folder: Path, files: int, steps_per_file: int, num_envs: int, seed: int
+) -> tuple[list[Path], Path]:
+    """One run recorded twice: as ``files`` consecutive files of ``steps_per_file`` steps (``folder/many``: one
+    ``recording_id``, ``recording_index`` 0, 1, ...) and as one file of all its steps (``folder/one``). Episodes
+    (10-32 steps) cross the files' ends, so use ``steps_per_file`` of about 16-32 to have some that do."""
+    many = _cartpole_run(folder / "many", files * steps_per_file, steps_per_file, num_envs, seed)
+    (one,) = _cartpole_run(folder / "one", files * steps_per_file, files * steps_per_file, num_envs, seed)
+    return many, one
