@@ -16,7 +16,8 @@ that ended the episode (``final_observations``), in every gymnasium 1.x autorese
 
 The files between two full resets are one consecutive recording (format 1.2): each ends with
 ``last_observations``, the first observations of the next, and carries ``recording_id`` (new at each full reset)
-and ``recording_index`` (0, 1, ... from it).
+and ``recording_index`` (0, 1, ... from it). In DISABLED mode an env reset between two files starts the next
+from its reset observation, while the file before ends with the observation that ended its episode.
 """
 
 from __future__ import annotations
