@@ -38,25 +38,31 @@ class Injector:
 
 
 def record_writer(folder: Path, nan_at: tuple[int, int] | None = None, fail_at: int | None = None) -> list[Path]:
-    """A plain loop: one ``RolloutWriter`` per file, used as a context manager (an exception discards it)."""
+    """A plain loop: one ``RolloutWriter`` per file, used as a context manager (an exception discards it), the files
+    one consecutive recording (each ends with the observations the next starts from)."""
+    import uuid
+
     import torch
 
     from rolloutcli.record import RolloutWriter
 
     inject, files, generator = Injector(nan_at, fail_at), [], torch.Generator().manual_seed(0)
     folder.mkdir(parents=True, exist_ok=True)
+    recording, obs = uuid.uuid4().hex, torch.randn(N, 3, generator=generator)
     for n in range(FILES):
-        with RolloutWriter(folder / f"rollout_{n:06d}.h5", num_envs=N, num_steps=T, gamma=0.99) as writer:
+        path = folder / f"rollout_{n:06d}.h5"
+        with RolloutWriter(path, N, T, gamma=0.99, recording_id=recording, recording_index=n) as writer:
             for _ in range(T):
                 done = torch.rand(N, generator=generator) < 0.3
                 writer.add({
-                    "observations": {"policy": torch.randn(N, 3, generator=generator)},
+                    "observations": {"policy": obs},
                     "actions": torch.randn(N, 2, generator=generator),
                     "rewards": inject(torch.randn(N, generator=generator)),
                     "dones": done, "time_outs": done & (torch.rand(N, generator=generator) < 0.5),
                     "values": torch.randn(N, generator=generator),
                 })  # fmt: skip
-            files.append(writer.close(last_values=torch.zeros(N)))
+                obs = torch.randn(N, 3, generator=generator)
+            files.append(writer.close(last_values=torch.zeros(N), last_observations={"policy": obs}))
     return files
 
 
@@ -149,8 +155,9 @@ def record_sb3(folder: Path, nan_at: tuple[int, int] | None = None, fail_at: int
 
 
 def record_torchrl(folder: Path, nan_at: tuple[int, int] | None = None, fail_at: int | None = None) -> list[Path]:
-    """``write_tensordict`` of a collector-layout ``[N, T]`` batch per file; ``fail_at`` raises while the
-    batch's step is being written (in ``RolloutWriter.add``: TorchRL's loop has no env step inside the call)."""
+    """``write_tensordict`` of a collector-layout ``[N, T]`` batch per file, each starting where the last stopped
+    (one recording); ``fail_at`` raises while the batch's step is being written (in ``RolloutWriter.add``:
+    TorchRL's loop has no env step inside the call)."""
     from unittest import mock
 
     import torch
@@ -168,8 +175,10 @@ def record_torchrl(folder: Path, nan_at: tuple[int, int] | None = None, fail_at:
 
     folder.mkdir(parents=True, exist_ok=True)
 
+    last = torch.randn(N, 1, 3, generator=generator)
     for n in range(FILES):
-        obs = torch.randn(N, T + 1, 3, generator=generator)
+        obs = torch.cat([last, torch.randn(N, T, 3, generator=generator)], 1)
+        last = obs[:, -1:]
         ended = torch.rand(N, T, generator=generator) < 0.3
         truncated = ended & (torch.rand(N, T, generator=generator) < 0.5)
         rewards = torch.stack([inject(torch.randn(N, generator=generator)) for _ in range(T)], 1)
@@ -181,5 +190,40 @@ def record_torchrl(folder: Path, nan_at: tuple[int, int] | None = None, fail_at:
                      "state_value": obs[:, 1:].sum(-1, keepdim=True)},
         }, batch_size=[N, T])  # fmt: skip
         with mock.patch.object(adapter, "RolloutWriter", Failing):
-            files.append(adapter.write_tensordict(td, folder / f"rollout_{n:06d}.h5", gamma=0.99, lam=0.95))
+            path = folder / f"rollout_{n:06d}.h5"
+            files.append(
+                adapter.write_tensordict(td, path, gamma=0.99, lam=0.95, recording_id="torchrl", recording_index=n)
+            )
     return files
+
+
+def _cartpole_run(folder: Path, steps: int, steps_per_file: int, num_envs: int, seed: int) -> list[Path]:
+    """``steps`` steps of a vector CartPole (sync, 32-step time limit) recorded by ``RecordRollouts`` into files of
+    ``steps_per_file`` steps. The policy balances the pole, but takes the other action half of the time, drawn from
+    its own generator seeded with ``seed``: episodes of 10-32 steps, some ended by the time limit."""
+    import gymnasium as gym
+
+    from rolloutcli.record.gym import RecordRollouts
+
+    inner = gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="sync", max_episode_steps=32)
+    env = RecordRollouts(inner, folder, steps_per_file=steps_per_file, value_fn=lambda obs: obs.sum(-1), gamma=0.99)
+    generator = np.random.default_rng(seed)
+    try:
+        obs, _ = env.reset(seed=seed)
+        for _ in range(steps):
+            balance = obs[:, 2] + 0.5 * obs[:, 3] > 0
+            obs = env.step(np.where(generator.random(num_envs) < 0.5, ~balance, balance).astype(np.int64))[0]
+    finally:
+        env.close()
+    return env.files
+
+
+def consecutive_recordings(
+    folder: Path, files: int, steps_per_file: int, num_envs: int, seed: int
+) -> tuple[list[Path], Path]:
+    """One run recorded twice: as ``files`` consecutive files of ``steps_per_file`` steps (``folder/many``: one
+    ``recording_id``, ``recording_index`` 0, 1, ...) and as one file of all its steps (``folder/one``). Episodes
+    (10-32 steps) cross the files' ends, so use ``steps_per_file`` of about 16-32 to have some that do."""
+    many = _cartpole_run(folder / "many", files * steps_per_file, steps_per_file, num_envs, seed)
+    (one,) = _cartpole_run(folder / "one", files * steps_per_file, files * steps_per_file, num_envs, seed)
+    return many, one

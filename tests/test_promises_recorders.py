@@ -5,13 +5,16 @@
 2. a NaN reward is refused with ``RolloutWriter``'s one line naming the file, step and env, and no file holding
    it is published;
 3. an exception in the training loop mid-recording leaves no temporary and no half file under a final name;
-4. a folder holding an earlier recording's files is refused (exit 2), those files untouched.
+4. a folder holding an earlier recording's files is refused (exit 2), those files untouched;
+5. its files are one consecutive recording (format 1.2): one ``recording_id``, ``recording_index`` 0, 1, ... and
+   each file's ``last_observations`` the next file's first observations.
 """
 
 from __future__ import annotations
 
 import gc
 import importlib.util
+import itertools
 from pathlib import Path
 
 import h5py
@@ -108,3 +111,17 @@ def test_folder_of_an_earlier_recording_is_refused(tmp_path: Path, name: str) ->
     del caught
     gc.collect()
     assert {path.name: digest(path) for path in folder.iterdir()} == before
+
+
+@pytest.mark.parametrize("name", RECORDERS)
+def test_files_are_one_consecutive_recording(tmp_path: Path, name: str) -> None:
+    files = _recorder(name).record(tmp_path / "rec")
+    handles = [h5py.File(path, "r") for path in files]
+    try:
+        assert len({h.attrs["recording_id"] for h in handles}) == 1
+        assert [int(h.attrs["recording_index"]) for h in handles] == list(range(FILES))
+        for before, after in itertools.pairwise(handles):
+            np.testing.assert_array_equal(before["last_observations/policy"][()], after["observations/policy"][0])
+    finally:
+        for handle in handles:
+            handle.close()

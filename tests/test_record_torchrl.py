@@ -103,3 +103,30 @@ def test_real_collector_batch_reproduces_torchrl_gae_module(tmp_path: Path, cli)
     with h5py.File(tmp_path / "g.h5", "r") as handle:
         np.testing.assert_allclose(handle["advantages"][()], td["advantage"].squeeze(-1).T.numpy(), rtol=0, atol=2e-5)
         np.testing.assert_allclose(handle["returns"][()], td["value_target"].squeeze(-1).T.numpy(), rtol=0, atol=2e-5)
+
+
+def test_consecutive_collector_batches_carry_one_recording(tmp_path: Path) -> None:
+    """Two batches of one ``Collector`` written as files 0 and 1 of one recording: file 0's last observations are
+    file 1's first ones, except at an env done at the batch's last step (the observation that ended its episode:
+    the collector resets it after the batch)."""
+    from torchrl.collectors import Collector
+    from torchrl.envs import GymEnv, SerialEnv, StepCounter, TransformedEnv
+
+    torch.manual_seed(0)
+    env = SerialEnv(3, lambda: TransformedEnv(GymEnv("CartPole-v1"), StepCounter(max_steps=15)))
+    env.set_seed(0)
+    collector = Collector(env, None, frames_per_batch=45, total_frames=90)
+    paths = [
+        write_tensordict(td, tmp_path / f"rollout_{n:06d}.h5", recording_id="abc", recording_index=n)
+        for n, td in enumerate(collector)
+    ]
+    collector.shutdown()
+    assert len(paths) == 2
+    with h5py.File(paths[0], "r") as first, h5py.File(paths[1], "r") as second:
+        assert [dict(h.attrs)["recording_index"] for h in (first, second)] == [0, 1]
+        assert first.attrs["recording_id"] == second.attrs["recording_id"] == "abc"
+        last, start = first["last_observations/policy"][()], second["observations/policy"][0]
+        done = first["dones"][-1].astype(bool)
+        assert done.any() and not done.all()  # both cases are exercised
+        np.testing.assert_array_equal(last[~done], start[~done])
+        np.testing.assert_array_equal(last[done], first["final_observations/policy"][-1][done])

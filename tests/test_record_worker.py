@@ -229,3 +229,11 @@ def test_a_stopped_writing_process_does_not_hold_the_exit_forever(tmp_path: Path
         f"is stopped (SIGSTOP or a debugger): resume it with `kill -CONT {child}`; not published: {tmp_path / 'b.h5'}."
     )
     assert (tmp_path / "a.h5").is_file() and not (tmp_path / "b.h5").exists()
+
+
+def test_recording_attributes_travel_to_the_writing_process(tmp_path: Path) -> None:
+    job = _job(tmp_path / "a.h5")
+    job["writer"].update(recording_id="0123abcd", recording_index=5)
+    assert worker.publish(job).result(timeout=60) == tmp_path / "a.h5"
+    with h5py.File(tmp_path / "a.h5", "r") as handle:
+        assert handle.attrs["recording_id"] == "0123abcd" and handle.attrs["recording_index"] == 5

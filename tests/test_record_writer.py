@@ -289,8 +289,8 @@ def _small(rewards=None, values=None, dones=None, extras=None) -> dict:
         ("rolloutcli_format", "It is reserved: the writer sets it. Remove it from attrs."),
         ("format_version", "It is reserved: the writer sets it. Remove it from attrs."),
         ("timeouts_rule", "Pass timeouts_rule=... to RolloutWriter instead."),
-        ("recording_id", "It is reserved: the format gives it meaning. Remove it from attrs."),
-        ("recording_index", "It is reserved: the format gives it meaning. Remove it from attrs."),
+        ("recording_id", "Pass recording_id=... to RolloutWriter instead."),
+        ("recording_index", "Pass recording_index=... to RolloutWriter instead."),
         ("gamma", "Pass gamma=... to RolloutWriter instead."),
     ],
 )
@@ -392,3 +392,45 @@ def test_group_keys_that_would_be_cut_or_split_are_refused(tmp_path: Path, field
         f"{path}: step 0: field '{field}': expected keys without NUL bytes or '/', not empty or '.', found {key!r}. "
         "Rename the key."
     )
+
+
+def test_recording_id_and_index_are_root_attributes(tmp_path: Path) -> None:
+    for index, path in enumerate([tmp_path / "a.h5", tmp_path / "b.h5"]):
+        with RolloutWriter(path, num_envs=3, recording_id="run-7", recording_index=index) as writer:
+            writer.add({**_small(), "values": None})
+    for index, path in enumerate([tmp_path / "a.h5", tmp_path / "b.h5"]):
+        with h5py.File(path, "r") as handle:
+            assert handle.attrs["recording_id"] == "run-7" and handle.attrs["recording_index"] == index
+    with RolloutWriter(tmp_path / "c.h5", num_envs=3) as writer:  # neither: a file that stands alone
+        writer.add({**_small(), "values": None})
+    with h5py.File(tmp_path / "c.h5", "r") as handle:
+        assert "recording_id" not in handle.attrs and "recording_index" not in handle.attrs
+
+
+@pytest.mark.parametrize(
+    ("recording_id", "recording_index", "message"),
+    [
+        ("run", None, "field 'recording_index': expected a value beside recording_id (both or neither), found None. "
+         "Pass recording_index too, or neither."),
+        (None, 0, "field 'recording_id': expected a value beside recording_index (both or neither), found None. "
+         "Pass recording_id too, or neither."),
+        ("", 0, "field 'recording_id': expected a non-empty str without NUL bytes, found ''. "
+         "Pass one id (uuid.uuid4().hex) for all files of one recording."),
+        ("a\x00b", 0, "field 'recording_id': expected a non-empty str without NUL bytes, found 'a\\x00b'. "
+         "Pass one id (uuid.uuid4().hex) for all files of one recording."),
+        (7, 0, "field 'recording_id': expected a non-empty str without NUL bytes, found 7. "
+         "Pass one id (uuid.uuid4().hex) for all files of one recording."),
+        ("run", -1, "field 'recording_index': expected an int >= 0, found -1. "
+         "Count the recording's files 0, 1, 2, ... in the order they are written."),
+        ("run", True, "field 'recording_index': expected an int >= 0, found True. "
+         "Count the recording's files 0, 1, 2, ... in the order they are written."),
+        ("run", 1.0, "field 'recording_index': expected an int >= 0, found 1.0. "
+         "Count the recording's files 0, 1, 2, ... in the order they are written."),
+    ],
+)  # fmt: skip
+def test_recording_id_and_index_are_checked(tmp_path: Path, recording_id, recording_index, message: str) -> None:
+    path = tmp_path / "rec.h5"
+    with pytest.raises(RolloutError) as error:
+        RolloutWriter(path, num_envs=3, recording_id=recording_id, recording_index=recording_index)
+    assert str(error.value) == f"{path}: {message}"
+    assert not list(tmp_path.iterdir())

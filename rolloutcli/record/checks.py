@@ -18,8 +18,8 @@ RESERVED = {
     "format_version": "It is reserved: the writer sets it. Remove it from attrs.",
     "timeouts_bootstrapped": "It is reserved: the writer records raw rewards (False). Remove it from attrs.",
     "timeouts_rule": "Pass timeouts_rule=... to RolloutWriter instead.",
-    "recording_id": "It is reserved: the format gives it meaning. Remove it from attrs.",
-    "recording_index": "It is reserved: the format gives it meaning. Remove it from attrs.",
+    "recording_id": "Pass recording_id=... to RolloutWriter instead.",
+    "recording_index": "Pass recording_index=... to RolloutWriter instead.",
     "versions": "It is reserved: the writer sets it. Remove it from attrs.",
     "gamma": "Pass gamma=... to RolloutWriter instead.",
     "lam": "Pass lam=... to RolloutWriter instead.",
@@ -41,6 +41,30 @@ def format_attrs(path: object, timeouts_rule: str | None) -> dict[str, Any]:
             "Name your trainer's.",
         )
     return {"rolloutcli_format": "rollout", "format_version": FORMAT_VERSION, "timeouts_rule": timeouts_rule}
+
+
+def recording_attrs(path: object, recording_id: Any, recording_index: Any) -> dict[str, Any]:
+    """The root attributes ``recording_id``/``recording_index`` of a file of consecutive recordings (format 1.2),
+    given both or neither: a non-empty id without NUL bytes (HDF5 would cut it) and an index from 0."""
+    if recording_id is None and recording_index is None:
+        return {}
+    if recording_id is None or recording_index is None:
+        given = "recording_id" if recording_index is None else "recording_index"
+        other = "recording_index" if recording_index is None else "recording_id"
+        raise RolloutError.field(
+            path, other, f"a value beside {given} (both or neither)", "None", f"Pass {other} too, or neither."
+        )
+    if not isinstance(recording_id, str) or not recording_id or "\x00" in recording_id:
+        raise RolloutError.field(
+            path, "recording_id", "a non-empty str without NUL bytes", repr(recording_id),
+            "Pass one id (uuid.uuid4().hex) for all files of one recording.",
+        )  # fmt: skip
+    if isinstance(recording_index, bool) or not isinstance(recording_index, int | np.integer) or recording_index < 0:
+        raise RolloutError.field(
+            path, "recording_index", "an int >= 0", repr(recording_index),
+            "Count the recording's files 0, 1, 2, ... in the order they are written.",
+        )  # fmt: skip
+    return {"recording_id": recording_id, "recording_index": int(recording_index)}
 
 
 def check_attrs(path: object, attrs: dict[str, Any]) -> None:

@@ -13,10 +13,16 @@ that ended the episode (``final_observations``), in every gymnasium 1.x autorese
   only replace the observations of the masked envs.
 
 ``value_fn`` (observations -> ``[N]`` values) fills ``values``, ``last_values`` and ``final_values``.
+
+The files between two full resets are one consecutive recording (format 1.2): each ends with
+``last_observations``, the first observations of the next, and carries ``recording_id`` (new at each full reset)
+and ``recording_index`` (0, 1, ... from it). In DISABLED mode an env reset between two files starts the next
+from its reset observation, while the file before ends with the observation that ended its episode.
 """
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +70,8 @@ class RecordRollouts(gym.vector.VectorWrapper):
         self._writer: RolloutWriter | None = None
         self._obs: Any = None
         self._from_reset = False
+        self._recording: str | None = None  # the consecutive recording since the last full reset
+        self._index = 0  # its next file
         self._pending = np.zeros(self.num_envs, bool)  # NEXT_STEP: envs whose next step is the autoreset
 
     def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
@@ -74,6 +82,7 @@ class RecordRollouts(gym.vector.VectorWrapper):
             return obs, info
         self._publish()  # the steps before the reset: a shorter file (recorded steps are never dropped)
         self._obs, self._from_reset, self._pending[:] = obs, True, False
+        self._recording, self._index = uuid.uuid4().hex, 0  # the envs start over: a new recording
         return obs, info
 
     def _values(self, obs: Any) -> np.ndarray | None:
@@ -127,9 +136,11 @@ class RecordRollouts(gym.vector.VectorWrapper):
                 recorded_from_reset=self._from_reset and not self._pending.any(),
                 recorder="rolloutcli.record.gym.RecordRollouts",
                 timeouts_rule="final-value",  # gymnasium trainers bootstrap a truncation from the final observation
+                recording_id=self._recording,
+                recording_index=None if self._recording is None else self._index,
                 overwrite=True,
             )
-            self._from_reset = False
+            self._from_reset, self._index = False, self._index + 1
         self._writer.add({**step, "observations": _groups(step["observations"])})
 
     def close(self, **kwargs: Any) -> None:

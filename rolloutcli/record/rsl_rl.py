@@ -1,5 +1,8 @@
 """Record RSL-RL's rollouts: ``attach(runner, out_dir)`` hooks an ``OnPolicyRunner`` (or Isaac Lab's) so that
-every ``every``-th iteration is written as ``out_dir/rollout_<iteration>.h5``, with nothing else changed.
+every ``every``-th iteration is written as ``out_dir/rollout_<iteration>.h5``, with nothing else changed. With
+``every == 1`` the files are one consecutive recording (format 1.2): ``recording_id`` new per attach (a resumed run
+is a new recording: its envs were reset), ``recording_index`` counting the files handed over (not the iteration);
+with ``every > 1`` steps are skipped and neither is written.
 
 The hook wraps the algorithm's ``process_env_step`` and ``compute_returns`` (and the runner's ``learn``) on the
 instance (no user monkeypatching) and only reads what RSL-RL computed. Per step it copies the env's raw rewards
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import uuid
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -57,6 +61,8 @@ class RslRlRecorder:
             raise ValueError(f"every: expected a positive number of iterations, found {every}")
         self.runner, self.alg, self.out_dir, self.every = runner, runner.alg, Path(out_dir), every
         self.compression, self._files = compression, []
+        # one recording of every step: one id (this attach's, not the global RNG's), files counted from 0
+        self.recording_id, self._handed = (uuid.uuid4().hex if every == 1 else None), 0
         self._pending: list[Future[Path]] = []  # handed to the writing process, in order
         self._raw: dict[str, Any] | None = None  # this iteration's step count, whether time_outs were seen
         self._kept: dict[str, Any] = {}  # [T, ...] raw rewards and time_outs, reused every iteration
@@ -231,6 +237,8 @@ class RslRlRecorder:
                 "lam": float(self.alg.lam),
                 "recorder": RECORDER,
                 "timeouts_rule": "rsl",  # RSL-RL: r += gamma * V(s_t) where extras["time_outs"]
+                "recording_id": self.recording_id,
+                "recording_index": None if self.recording_id is None else self._handed,
                 "attrs": self._attrs(),
                 "overwrite": True,
             },
@@ -242,7 +250,7 @@ class RslRlRecorder:
         }
         self._raw = None
         self._pending.append(publish(job))
-        self.iteration += 1
+        self.iteration, self._handed = self.iteration + 1, self._handed + 1
         return result
 
 

@@ -9,10 +9,16 @@ SB3's trace coefficient, ``gamma * gae_lambda`` multiplied in float64 and rounde
 RSL-RL's, ``float32(gamma) * float32(gae_lambda)`` rounded to float32 (so for 0.99 and 0.95, SB3's defaults;
 not for 0.99 and 0.92 or 0.9 and 0.9), and within float32 rounding otherwise (tests/test_record_sb3.py).
 Advantages are RSL-RL's ``returns - values``, within one float32 rounding of SB3's.
+
+Rollouts that follow each other (SB3 keeps its envs' last observation from one to the next) are one consecutive
+recording (format 1.2): each file ends with ``last_observations`` (the observations the next rollout starts from)
+and carries ``recording_id`` and ``recording_index`` (0, 1, ...); a rollout starting from other observations (SB3
+reset the envs: a new ``learn`` with ``reset_num_timesteps``) starts a new recording.
 """
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +45,23 @@ class RolloutRecorderCallback(BaseCallback):
         super().__init__(verbose)
         self.out_dir, self.compression, self.files = Path(out_dir), compression, []
         self.writer: RolloutWriter | None = None
+        self.recording_id: str | None = None  # the consecutive recording, its next file's index
+        self._index = 0
+        self._last: tuple[Any, dict[str, np.ndarray]] | None = None  # SB3's last observation object, a copy of it
+
+    def _continues(self, obs: Any) -> bool:
+        """Whether the rollout starting from ``obs`` continues the last one: SB3 kept its last observation (the
+        same object, holding the same values: a VecEnv may reset into the buffer it returned)."""
+        if self._last is None or obs is not self._last[0]:
+            return False
+        return all(np.array_equal(np.asarray(v), self._last[1][k]) for k, v in _groups(obs).items())
 
     def _on_rollout_start(self) -> None:
         if not self.files:  # this callback's first rollout: the folder must not hold another recording's
             recording_folder(self.out_dir, 0, "RolloutRecorderCallback")
         model = self.model
+        if self.recording_id is None or not self._continues(model._last_obs):
+            self.recording_id, self._index = uuid.uuid4().hex, 0  # uuid4: not the global RNG
         self.writer = RolloutWriter(
             self.out_dir / f"rollout_{len(self.files):06d}.h5",
             num_envs=model.n_envs,
@@ -53,8 +71,11 @@ class RolloutRecorderCallback(BaseCallback):
             lam=float(getattr(model, "gae_lambda", 1.0)),
             recorder="rolloutcli.record.sb3.RolloutRecorderCallback",
             timeouts_rule="final-value",  # collect_rollouts: r += gamma * V(terminal_observation)
+            recording_id=self.recording_id,
+            recording_index=self._index,
             overwrite=True,
         )
+        self._index += 1
 
     def _final(self, infos: list[dict[str, Any]], dones: np.ndarray, like: Any) -> tuple[Any, np.ndarray]:
         """Terminal observations at done steps (zeros elsewhere) and their values (SB3's predict_values)."""
@@ -108,4 +129,6 @@ class RolloutRecorderCallback(BaseCallback):
     def _on_rollout_end(self) -> None:
         if self.writer is not None:
             writer, self.writer = self.writer, None
-            self.files.append(writer.close(last_values=self.locals["values"]))
+            last = self.model._last_obs  # the observations after the last step: the next rollout's first
+            self._last = (last, {k: np.array(v) for k, v in _groups(last).items()})
+            self.files.append(writer.close(last_values=self.locals["values"], last_observations=_groups(last)))

@@ -6,6 +6,12 @@ file ``[T, N, ...]``.
 the step, before any reset, so at done steps it becomes ``final_values`` (and ``("next", obs)`` the
 ``final_observations``), and at the last step ``last_values`` / ``last_observations``. ``rolloutcli gae
 --timeouts final-value`` then gives TorchRL's ``generalized_advantage_estimate``.
+
+A collector's batches follow each other (each starts where the last stopped, its envs not reset): write them with
+one ``recording_id`` and ``recording_index`` 0, 1, ... (format 1.2's consecutive recording; new id when the
+envs are reset). ``last_observations`` are ``("next", obs)`` of the last step: the observations the next batch
+starts from, except at an env done at the last step, where they are the observation that ended its episode (the
+collector resets it after the batch; the batch does not hold the reset observation).
 """
 
 from __future__ import annotations
@@ -37,9 +43,12 @@ def write_tensordict(
     lam: float | None = None,
     compression: str | None = None,
     overwrite: bool = False,
+    recording_id: str | None = None,
+    recording_index: int | None = None,
 ) -> Path:
     """Write ``td`` (batch ``[N, T]``, time last, as a TorchRL collector returns
-    it; a ``[T]`` batch is one env) to ``path``; returns the path."""
+    it; a ``[T]`` batch is one env) to ``path``; returns the path. ``recording_id``/``recording_index``: see the
+    module docstring."""
     if td.batch_dims == 1:
         td = td.unsqueeze(0)
     N, T = td.batch_size
@@ -60,6 +69,8 @@ def write_tensordict(
         lam=lam,
         recorder="rolloutcli.record.torchrl.write_tensordict",
         timeouts_rule="final-value",  # the value estimators bootstrap a truncation from ("next", value)
+        recording_id=recording_id,
+        recording_index=recording_index,
         overwrite=overwrite,
     )
     with writer:

@@ -66,11 +66,6 @@ def _versions() -> str:
     return json.dumps(found, sort_keys=True)
 
 
-def _host(value: Any) -> np.ndarray:
-    """A host array (a view where it can be: :meth:`RolloutWriter.add` copies it into its block at once)."""
-    return to_numpy(value)
-
-
 class RolloutWriter:
     """Write a rollout file step by step: ``add(step)`` per step, then ``close(last_values=...)``.
 
@@ -78,9 +73,11 @@ class RolloutWriter:
     ``gamma``/``lam`` (when given) and ``attrs`` are root attributes (``attrs`` may not set those the writer or the
     format sets: ``format_version``, ``timeouts_bootstrapped``, ...); ``recorded_from_reset``: every env's first
     step starts an episode; ``timeouts_rule``: the trainer's time-out rule (``rsl``, ``final-value``, ``proper``,
-    ``ignore``; None: none written). NaN/Inf in ``rewards``, ``values``, ``final_values`` (at done steps) or
-    ``last_values`` is refused, naming the step and env, unless ``allow_nonfinite`` (kept as given; ``gae`` then
-    refuses the file). Usable as a context manager: an exception inside discards the file.
+    ``ignore``; None: none written); ``recording_id``/``recording_index`` (both or neither): file ``recording_index``
+    (0, 1, ...) of the consecutive recording ``recording_id`` (format 1.2). NaN/Inf in ``rewards``, ``values``,
+    ``final_values`` (at done steps) or ``last_values`` is refused, naming the step and env, unless
+    ``allow_nonfinite`` (kept as given; ``gae`` then refuses the file). Usable as a context manager: an exception
+    inside discards the file.
     """
 
     def __init__(
@@ -95,6 +92,8 @@ class RolloutWriter:
         recorded_from_reset: bool = False,
         recorder: str = "rolloutcli.record.RolloutWriter",
         timeouts_rule: str | None = None,
+        recording_id: str | None = None,
+        recording_index: int | None = None,
         attrs: dict[str, Any] | None = None,
         overwrite: bool = False,
         allow_nonfinite: bool = False,
@@ -119,6 +118,7 @@ class RolloutWriter:
             "lam": lam,
             "recorded_from_reset": bool(recorded_from_reset),
             "timeouts_bootstrapped": False,
+            **checks.recording_attrs(path, recording_id, recording_index),
             **(attrs or {}),
         }
         self._file = AppendFile(self.path, compression=compression, overwrite=overwrite)
@@ -195,7 +195,8 @@ class RolloutWriter:
             raise pending.exception()  # type: ignore[misc]
 
     def _flatten(self, step: dict[str, Any]) -> dict[str, np.ndarray]:
-        """Dataset name -> host array (``[N, ...]``; hidden states ``[layers, N, hidden]``)."""
+        """Dataset name -> host array (``[N, ...]``; hidden states ``[layers, N, hidden]``): a view where it can be
+        (:meth:`add` copies it into its block at once)."""
         arrays: dict[str, np.ndarray] = {}
         for key, value in step.items():
             if key not in KNOWN:
@@ -205,23 +206,23 @@ class RolloutWriter:
             if key in GROUPS and hasattr(value, "items"):  # a dict or TensorDict of groups
                 for name, part in value.items():
                     checks.check_group_key(f"{self.path}: step {self.steps}", key, name)
-                    arrays[f"{key}/{name}"] = _host(part)
+                    arrays[f"{key}/{name}"] = to_numpy(part)
                     if key == "distribution" and name not in self._order:
                         self._order.append(name)
             elif key in GROUPS:
-                arrays[f"{key}/policy" if key != "distribution" else key] = _host(value)
+                arrays[f"{key}/policy" if key != "distribution" else key] = to_numpy(value)
             elif key == "extras":  # more [N, ...] datasets, stored under their own names
                 for name, part in dict(value).items():
                     checks.check_extras_name(f"{self.path}: step {self.steps}", name)
-                    arrays[f"extras:{name}"] = _host(part)
+                    arrays[f"extras:{name}"] = to_numpy(part)
             elif key == "hidden_states":
                 for net, state in dict(value).items():
                     checks.check_group_key(f"{self.path}: step {self.steps}", key, net)
                     parts = state if isinstance(state, tuple | list) else (state,)
                     for i, part in enumerate(parts):
-                        arrays[f"hidden_states/{net}/{i}"] = _host(part)
+                        arrays[f"hidden_states/{net}/{i}"] = to_numpy(part)
             else:
-                arrays[key] = _host(value)
+                arrays[key] = to_numpy(value)
         return arrays
 
     def _first(self, bad: np.ndarray) -> int:
