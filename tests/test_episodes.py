@@ -169,3 +169,21 @@ def test_valid_side_is_stable_and_near_the_fraction() -> None:
     assert sides == [valid_side(7, i, 0.2) for i in ids]
     assert sides != [valid_side(8, i, 0.2) for i in ids]
     assert not any(valid_side(7, i, 0.0) for i in ids) and all(valid_side(7, i, 1.0) for i in ids)
+
+
+def test_an_env_done_at_the_files_end_is_not_compared(tmp_path: Path) -> None:
+    """TorchRL and gymnasium's DISABLED mode record the observation that ended the episode as last_observations;
+    the next file starts from the reset one."""
+    arrays = long_recording(20, 2, seed=7)
+    arrays["dones"][9, 1] = 1
+    files = cut(tmp_path / "run", arrays, [10, 10])
+    import h5py
+
+    with h5py.File(files[1], "r+") as f:  # index 0 (names run backwards)
+        f["last_observations/policy"][1] += 1
+    plan = plan_episodes(files, [f.name for f in files], partial=True)
+    assert any(e.lane == 1 and e.start == 10 for e in plan.episodes)
+    with h5py.File(files[1], "r+") as f:
+        f["last_observations/policy"][0] += 1
+    with pytest.raises(RolloutError, match="field 'observations' of env 0 at step 0"):
+        plan_episodes(files, [f.name for f in files])

@@ -43,6 +43,7 @@ class _File:
     has_last: bool
     first: list[int]  # per env: hash of its first observations (every key)
     last: list[int] | None  # per env: hash of its last_observations, where recorded
+    done_last: set[int]  # envs whose episode ended at the last step (the next file starts after a reset)
 
 
 def _lanes_hash(arrays: list[np.ndarray], N: int) -> list[int]:
@@ -104,6 +105,7 @@ def _facts(path: Path, safety: SafetyOptions | None) -> tuple[_File, dict]:
             has_last=has_last,
             first=_lanes_hash(first, reader.N),
             last=_lanes_hash([reader.slice(n) for n in last_names], reader.N) if has_last else None,
+            done_last=set(np.flatnonzero(dones[-1]).tolist()) if reader.T else set(),
         )
         return facts, reader_signature(reader)
 
@@ -144,11 +146,13 @@ def _order(facts: list[_File]) -> list[list[int]]:
 
 def _check_continues(before: _File, after: _File) -> None:
     """Refuse (exit 1, naming both files and the env) a file whose first observations differ from the
-    ``last_observations`` of the file before it in the recording (where that file recorded them)."""
+    ``last_observations`` of the file before it in the recording (where that file recorded them). An env whose
+    episode ended at the last step is not compared: a recorder may hold the observation that ended it there
+    (TorchRL, gymnasium's DISABLED mode) while the next file starts from the reset."""
     if before.last is None:
         return
     for lane, (a, b) in enumerate(zip(before.last, after.first, strict=False)):
-        if a != b:
+        if a != b and lane not in before.done_last:
             raise RolloutError(
                 f"{after.path}: field 'observations' of env {lane} at step 0: expected the last_observations of "
                 f"{before.path} (the file before it in recording {after.recording}), found other values. "
