@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rollout_factory import identifiable, rollout_arrays, write_rollout
 
 from rolloutcli.core.episodes import Segment, lane_segments, valid_side
 from rolloutcli.errors import RolloutError
 from rolloutcli.pipeline.episodes import plan_episodes, read_chunks
-from tests.rollout_factory import identifiable, rollout_arrays, write_rollout
 
 STEP_FIELDS = ("observations/policy", "observations/critic", "actions", "rewards", "dones", "time_outs")
 

@@ -16,6 +16,9 @@ from rolloutcli.cli.common import (
     Common,
     Compression,
     FolderOutputOpt,
+    SplitBy,
+    SplitByOpt,
+    ValidFractionOpt,
     count_option,
     flag,
     need_output,
@@ -106,6 +109,8 @@ def batch(
     gamma: GammaOpt = None,
     timeouts: TimeoutsOpt = None,
     offline: OfflineOpt = False,
+    valid_fraction: ValidFractionOpt = 0.0,
+    split_by: SplitByOpt = SplitBy.episode,
     *,
     common: Common,
 ) -> None:
@@ -157,7 +162,13 @@ def batch(
         )
     dataset = resolve_inputs(files)
     source = list(dataset.files) if dataset.many else dataset.files[0]
-    common.write(render_batch, output, run_batch, source, output, options, engine=common.engine)
+    hold_out = None
+    if valid_fraction > 0:
+        from rolloutcli.pipeline.batch_split import HoldOut
+
+        hold_out = HoldOut(valid_fraction, split_by.value, seed)
+    render = render_batch if hold_out is None else render_split_batch
+    common.write(render, output, run_batch, source, output, options, engine=common.engine, hold_out=hold_out)
 
 
 def _require_mini_batches(num_mini_batches: int | None, mode: str) -> None:
@@ -205,6 +216,20 @@ def order_words(summary: dict[str, Any]) -> str:
 
 # Below this many bytes written a throughput figure says more about start-up than about writing.
 _RATE_MIN_BYTES = 64 << 20
+
+
+def render_split_batch(console: Console, summary: dict[str, Any]) -> None:
+    """Print a split ``batch`` summary: the split, then each side's summary."""
+    split = summary["split"]
+    console.print(
+        f"split by {split['by']} into {summary['output']}/train and /valid "
+        f"(validation fraction {split['fraction']}, seed {split['seed']})"
+    )
+    for side in ("train", "valid"):
+        record = summary[side]["split"]
+        envs = f", {record['envs']} envs" if record["envs"] is not None else ""
+        console.print(f"{side}: {record['episodes']} episodes, {record['rows']} rows{envs}")
+        render_batch(console, summary[side])
 
 
 def render_batch(console: Console, summary: dict[str, Any]) -> None:

@@ -121,6 +121,18 @@ ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue a dataset ru
 
 InPlaceOpt = flag("--in-place", text="Add the results to FILE itself (atomically).")
 
+
+class SplitBy(str, enum.Enum):
+    episode = "episode"
+    env = "env"
+
+
+ValidFractionOpt = Annotated[
+    float,
+    typer.Option("--valid-fraction", metavar="F", min=0.0, max=0.999999, help="Share held out for validation."),
+]
+SplitByOpt = Annotated[SplitBy, typer.Option("--split-by", help="Hold out whole episodes or whole envs.")]
+
 # The option groups `with_common` appends to a command: (parameter, declaration, default).
 _IN_PLACE = [("in_place", InPlaceOpt, False)]
 _OVERWRITE = [("overwrite", OverwriteOpt, False)]

@@ -10,7 +10,16 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from rolloutcli.cli.common import Common, flag, need_output, not_stdout, with_common
+from rolloutcli.cli.common import (
+    Common,
+    SplitBy,
+    SplitByOpt,
+    ValidFractionOpt,
+    flag,
+    need_output,
+    not_stdout,
+    with_common,
+)
 from rolloutcli.cli.dataset import ReadFilesArg
 
 EXAMPLE = "rolloutcli export runs/ --to minari -o datasets/cartpole-expert-v0"
@@ -23,11 +32,6 @@ class Target(str, enum.Enum):
     minari = "minari"
     robomimic = "robomimic"
     d4rl = "d4rl"
-
-
-class SplitBy(str, enum.Enum):
-    episode = "episode"
-    env = "env"
 
 
 def render_export(console: Console, summary: dict[str, Any]) -> None:
@@ -64,12 +68,8 @@ def export(
     partial_episodes: flag(
         "--partial-episodes", text="Keep episodes begun before the first file or unfinished at the last (marked)."
     ) = False,
-    valid_fraction: Annotated[
-        float, typer.Option("--valid-fraction", metavar="F", help="Share held out for validation (0: no split).")
-    ] = 0.0,
-    split_by: Annotated[SplitBy, typer.Option("--split-by", help="Hold out whole episodes or whole envs.")] = (
-        SplitBy.episode
-    ),
+    valid_fraction: ValidFractionOpt = 0.0,
+    split_by: SplitByOpt = SplitBy.episode,
     seed: Annotated[int, typer.Option("--seed", metavar="S", min=0, help="Seed of the split.")] = 0,
     *,
     common: Common,

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import torch
 
 from rolloutcli.core.order import RowOrder, draw_key
+from rolloutcli.core.split_rows import SideOrder, SideRows
 
 MODES = ("feedforward", "recurrent", "distillation")
 
@@ -119,6 +120,25 @@ def feedforward_plan(
     sizes = tuple(split_sizes(num_rows, num_mini_batches))
     passes = [ShardPlan(sizes, None, order=RowOrder(draw_key(generator), num_rows)) for _ in range(num_epochs)]
     return BatchPlan("feedforward", passes, list(range(num_epochs)))
+
+
+def side_plan(
+    plan: BatchPlan, num_steps: int, num_envs: int, side: SideRows | None = None, envs: torch.Tensor | None = None
+) -> BatchPlan:
+    """``plan``, made over one side of a split (its rows numbered ``0 .. side.count``, its envs ``0 .. G``), in
+    the source's rows and envs (``num_steps`` x ``num_envs``): feed-forward orders become :class:`SideOrder` s,
+    recurrent env groups ``envs[group]``. Rows of the other side are in no shard."""
+    if plan.mode == "feedforward" and side is not None:
+        return replace(plan, passes=[replace(p, order=SideOrder(p.order, side)) for p in plan.passes])
+    if plan.mode == "recurrent" and envs is not None:
+
+        def remap(p: ShardPlan) -> ShardPlan:
+            groups = tuple(envs[g] for g in p.envs or ())
+            rows = torch.cat([recurrent_rows(num_steps, num_envs, g) for g in groups])
+            return replace(p, rows=rows, envs=groups)
+
+        return replace(plan, passes=[remap(p) for p in plan.passes])
+    return plan
 
 
 def recurrent_groups(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rolloutcli.core.batching import BatchPlan, ShardPlan, gather_fields, plan_batches
+from rolloutcli.core.batching import BatchPlan, ShardPlan, gather_fields, plan_batches, side_plan
 from rolloutcli.core.order import ALGORITHM, ORDER_VERSION, ROUNDS
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
 from rolloutcli.dataset import check_agreement
@@ -22,6 +22,7 @@ from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.hdf5.probe import probed_once
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
+from rolloutcli.pipeline.batch_split import HoldOut, Side, plan_sides, run_split_batch
 from rolloutcli.pipeline.history import HistoryOptions, history_job
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
@@ -259,30 +260,36 @@ def _shape(mode: str, fields: list[Field], T: int, N: int, plan: ShardPlan, shar
     return _shard_tensors(mode, plan, shard, rows, fields, T, N)
 
 
-def _job(reader: RolloutReader, options: BatchOptions, dataset: DatasetFiles | None = None) -> ExportJob:
+def _job(
+    reader: RolloutReader, options: BatchOptions, dataset: DatasetFiles | None = None, side: Side | None = None
+) -> ExportJob:
     """``batch``'s export job for this source or dataset (``reader``: its first file; checked against the options
     first). A dataset is one source of ``T x sum(N)`` (files side by side along envs: recurrent, distillation) or,
-    feed-forward, of ``sum(T * N)`` rows (``1 x rows``: a feed-forward shard never looks at T or N)."""
+    feed-forward, of ``sum(T * N)`` rows (``1 x rows``: a feed-forward shard never looks at T or N). ``side``:
+    one side of a split (``batch_split.py``): the plan is made over its rows or envs alone."""
     sizes = dataset.sizes if dataset is not None else [(reader.T, reader.N)]
     many = len(sizes) > 1
     T, N = reader.T, sum(n for _, n in sizes)
     if many and options.mode == "feedforward":
         T, N = 1, sum(t * n for t, n in sizes)
+    planned = (T, N) if side is None else (1, side.rows.count) if options.mode == "feedforward" else (T, len(side.envs))
     # The first file answers for every file's fields: check_agreement found them all the same.
-    _check_source(reader, options, T, N, "dataset" if many else "file")
+    whose = f"{side.name} side" if side is not None else "dataset" if many else "file"
+    _check_source(reader, options, *planned, whose)
     if options.batch_size is not None:
-        options = replace(options, num_mini_batches=-(-_items(T, N, options.mode)[0] // options.batch_size))
+        options = replace(options, num_mini_batches=-(-_items(*planned, options.mode)[0] // options.batch_size))
     fields = _fields(reader, options.mode)
     plan = plan_batches(
         options.mode,
-        T,
-        N,
+        *planned,
         options.num_mini_batches,
         options.epochs,
         parity=options.rsl_parity,
         shuffle_envs=options.shuffle_envs,
         generator=torch.Generator().manual_seed(options.seed),
     )
+    if side is not None:
+        plan = side_plan(plan, T, N, side.rows, torch.tensor(side.envs, dtype=torch.int64))
     exported = any(f.name.startswith("distribution/") for f in fields)
     distribution = reader.distribution_order() if exported else []
     order = ORDER_TEXT[(options.mode, "shuffle" if options.shuffle_envs else options.rsl_parity)]
@@ -310,6 +317,7 @@ def _job(reader: RolloutReader, options: BatchOptions, dataset: DatasetFiles | N
         group_attrs={"distribution": {"order": distribution}} if exported else {},
         compression=options.compression,
         manifest={
+            **({"split": side.record} if side is not None else {}),
             "options": options_record,
             "order": order,
             **order_record(plan),
@@ -318,7 +326,7 @@ def _job(reader: RolloutReader, options: BatchOptions, dataset: DatasetFiles | N
             "observation_keys": sorted(reader.schema.observation_keys),
             "distribution_order": distribution,
         },
-        summary={**options_record, **common, "gae": gae, "order": order},
+        summary={**options_record, **common, "gae": gae, "order": order, **({"split": side.record} if side else {})},
         label="batch" if options.mode == "feedforward" else f"batch --{options.mode}",
     )
 
@@ -332,17 +340,20 @@ def run_batch(
     overwrite: bool = False,
     progress: Progress | None = None,
     engine: Any = None,
+    hold_out: HoldOut | None = None,
 ) -> dict[str, Any]:
     """Write the shard folder ``dst`` from the rollout file ``src`` (``HistoryOptions``: history windows;
     ``TransitionOptions``: off-policy transitions), or from a dataset (a list of files, sorted; feed-forward: one
     shuffle over every row of every file; recurrent and distillation: env groups or step ranges over all files'
-    envs, which needs one T).
+    envs, which needs one T). ``hold_out``: ``dst/train`` and ``dst/valid`` instead (``batch_split.py``).
 
     Raises:
         RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
             a chunk (exit 2), missing fields (exit 1), I/O faults (exit 3).
     """
     with probed_once():  # a dataset's files are opened several times here: to check them, then to export them
+        if hold_out is not None:
+            return _run_split(src, dst, options, run, overwrite, progress, engine, hold_out)
         dataset = _check_dataset(src, options, run) if isinstance(src, list) else None
         if isinstance(options, HistoryOptions):
             prepare = partial(history_job, options=options, budget=run.max_memory)
@@ -352,3 +363,30 @@ def run_batch(
             _check_options(options)
             prepare = partial(_job, options=options, dataset=dataset)
         return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress, engine=engine)
+
+
+def _run_split(
+    src: Path | list[Path],
+    dst: Path,
+    options: Any,
+    run: RunOptions,
+    overwrite: bool,
+    progress: Any,
+    engine: Any,
+    hold_out: HoldOut,
+) -> dict[str, Any]:
+    """``batch`` once per side of the split, into ``dst/train`` and ``dst/valid``, published together."""
+    hold_out.check(getattr(options, "mode", "history" if isinstance(options, HistoryOptions) else "transitions"))
+    _check_options(options)
+    if options.rsl_parity:
+        raise usage("--rsl-parity: RSL-RL holds nothing out; drop --valid-fraction or --rsl-parity.")
+    files = src if isinstance(src, list) else [src]
+    dataset = _check_dataset(files, options, run) if len(files) > 1 else None
+    sizes = dataset.sizes if dataset is not None else check_agreement(files, run.safety)
+    sides = plan_sides(files, sizes, hold_out, run.safety)
+
+    def each(folder: Path, side: Side) -> dict[str, Any]:
+        prepare = partial(_job, options=options, dataset=dataset, side=side)
+        return run_export(src, folder, prepare, run, progress=progress, engine=engine)
+
+    return run_split_batch(files, dst, sides, each, overwrite)

@@ -58,19 +58,19 @@ def _writer(target: str) -> tuple[Callable[..., list[str]], Callable[[bool], str
     return getattr(module, f"export_{target}"), module.output_kind
 
 
-def splitter(plan: EpisodePlan, options: ExportOptions) -> Callable[[Episode], bool] | None:
+def splitter(plan: EpisodePlan, fraction: float, by: str, seed: int) -> Callable[[Episode], bool] | None:
     """Whether an episode goes to the validation side: drawn from the seed and the episode's identity (its
     recording, env and first step) or its env's (recording, env), so that adding files never moves an episode
     or an env to the other side. A file without ``recording_id`` is named by its content's hash."""
-    if options.valid_fraction <= 0:
+    if fraction <= 0:
         return None
     names = {ep.recording: ep.recording for ep in plan.episodes}
     names.update({name: file_hash(plan.files[file]) for name, file in plan.standalone.items()})
 
     def valid(ep: Episode) -> bool:
         lane = f"{names[ep.recording]}\0{ep.lane}"
-        identity = lane if options.split_by == "env" else f"{lane}\0{ep.origin[0]}\0{ep.origin[1]}"
-        return valid_side(options.seed, identity, options.valid_fraction)
+        identity = lane if by == "env" else f"{lane}\0{ep.origin[0]}\0{ep.origin[1]}"
+        return valid_side(seed, identity, fraction)
 
     return valid
 
@@ -102,7 +102,7 @@ def run_export(
             f"{dataset.files[0]}: field 'dones': expected at least one whole episode, found none "
             f"({plan.partial} partial). Record longer, or keep partial episodes with --partial-episodes."
         )
-    valid = splitter(plan, options)
+    valid = splitter(plan, options.valid_fraction, options.split_by, options.seed)
     publish = atomic_folder if kind(valid is not None) == "folder" else atomic_file
     progress.start(f"export {options.target}", plan.steps)
     with publish(dst, inputs=list(dataset.files), overwrite=overwrite) as tmp:
