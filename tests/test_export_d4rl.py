@@ -77,7 +77,7 @@ def test_sequence_dataset_reads_every_episode(tmp_path: Path) -> None:
     assert warnings == [
         "2 episodes end without the observation after their last step (not recorded): "
         "their last step is left out of d4rl",
-        "d4rl has no place for hidden_states/actor/0, values: not exported",
+        "d4rl has no place for hidden_states, values: not exported",
     ]
     dataset = get_dataset(out)
     assert dataset["observations"].shape == (sum(kept(e) for e in made.plan.episodes), 3)

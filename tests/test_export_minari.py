@@ -94,7 +94,7 @@ def _check_loaded(dataset, rows: list[dict], obs: dict, kept: list[int]) -> None
 )
 def test_minari_loads_the_export(tmp_path: Path, obs: dict, actions: tuple) -> None:
     plan, chunks, rows = build(SPECS, obs=obs, actions=actions, extra=EXTRA_FIELDS)
-    assert _export(tmp_path, "robot-v0", plan, chunks) == ["minari has no place for values: left out of the export"]
+    assert _export(tmp_path, "robot-v0", plan, chunks) == ["minari has no place for values: not exported"]
     dataset = _load(tmp_path, "robot-v0")
     assert (dataset.spec.dataset_id, dataset.total_episodes, dataset.total_steps) == ("robot-v0", 4, 16)
     assert dataset.env_spec is None
@@ -208,8 +208,7 @@ def test_what_minari_cannot_hold_is_named(tmp_path: Path) -> None:
     plan.not_held = ["last_values", "hidden_states/actor/0"]
     plan.fields["actions_log_prob"] = plan.fields["distribution/mean"] = (np.dtype(np.float32), ())
     assert _export(tmp_path, "held-v0", plan, chunks) == [
-        "minari has no place for actions_log_prob, distribution, hidden_states, last_values, values: left out of "
-        "the export"
+        "minari has no place for actions_log_prob, distribution, hidden_states, last_values, values: not exported"
     ]
 
 
@@ -220,7 +219,7 @@ def test_the_command_exports_a_recording(tmp_path: Path, cli) -> None:
     assert code == 0, err
     assert json.loads(out)["warnings"][0] == (
         "minari has no place for actions_log_prob, distribution, hidden_states, last_values, privileged_actions, "
-        "values: left out of the export"
+        "values: not exported"
     )
     dataset = _load(tmp_path, "cart-v0")
     meta = list(dataset.storage.get_episode_metadata(range(dataset.total_episodes)))

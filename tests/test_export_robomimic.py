@@ -61,7 +61,7 @@ def test_layout_attributes_and_warnings(exported) -> None:
     assert warnings == [
         "2 episodes end without the observation after their last step (not recorded): "
         "their last step is left out of robomimic",
-        "robomimic has no place for hidden_states/actor/0, values: not exported",
+        "robomimic has no place for hidden_states, values: not exported",
     ]
     numbers = kept_episodes(made)
     with h5py.File(out, "r") as f:

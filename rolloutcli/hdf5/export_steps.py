@@ -77,7 +77,7 @@ def warnings(plan: EpisodePlan, target: str) -> list[str]:
             f"{missing} episodes end without the observation after their last step (not recorded): "
             f"their last step is left out of {target}"
         )
-    left = sorted({*(n for n in plan.fields if not held(n)), *plan.not_held})
+    left = sorted({n.split("/")[0] for n in [*(n for n in plan.fields if not held(n)), *plan.not_held]})
     if left:
         lines.append(f"{target} has no place for {', '.join(left)}: not exported")
     return lines

@@ -111,7 +111,8 @@ def plan_sides(
         envs = sorted(env for env, s in env_side.items() if s == side)
         record = {"side": SIDES[side], "by": hold_out.by, "fraction": hold_out.fraction, "seed": hold_out.seed}
         rows = SideRows(sizes, runs[side])
-        record |= {"episodes": len(episodes), "rows": rows.count, "envs": len(envs) if hold_out.by == "env" else None}
+        lanes = len({(ep.recording, ep.lane) for ep in episodes})  # an env of a recording, over all its files
+        record |= {"episodes": len(episodes), "rows": rows.count, "envs": lanes if hold_out.by == "env" else None}
         out.append(Side(SIDES[side], rows, envs, len(episodes), rows.count, record))
     return out[0], out[1]
 

@@ -286,6 +286,8 @@ def _describe(plan: EpisodePlan, reader: RolloutReader) -> None:
         for key, path in _observation_paths(reader, prefix).items()
     }
     for name, spec in reader.schema.fields.items():
+        if name == AUTORESET or name.startswith("last_observations"):
+            continue  # used: autoreset steps are in no episode, last observations end partial ones
         if spec.env_axis != 1:
             plan.not_held.append(name)
             continue

@@ -125,7 +125,7 @@ def warnings_for(plan: EpisodePlan, cut: int, dropped: int) -> list[str]:
     observation after their last step (``dropped`` of them had one step and are left out whole)."""
     lines = []
     if names := not_held(plan):
-        lines.append(f"minari has no place for {', '.join(names)}: left out of the export")
+        lines.append(f"minari has no place for {', '.join(names)}: not exported")
     if cut:
         whole = f" ({dropped} of one step are left out whole)" if dropped else ""
         lines.append(
