@@ -19,6 +19,7 @@ from rolloutcli.core.episodes import valid_side
 from rolloutcli.dataset import file_hash, resolve
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file, atomic_folder
+from rolloutcli.hdf5.export_marker import MARK, is_export_folder
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
 from rolloutcli.pipeline.episodes import plan_episodes, read_chunks
 from rolloutcli.pipeline.options import RunOptions
@@ -103,10 +104,15 @@ def run_export(
             f"({plan.partial} partial). Record longer, or keep partial episodes with --partial-episodes."
         )
     valid = splitter(plan, options)
-    publish = atomic_folder if kind(valid is not None) == "folder" else atomic_file
+    inputs = list(dataset.files)
+    if kind(valid is not None) == "folder":  # --overwrite replaces a folder only where an export of ours is
+        publish = atomic_folder(dst, inputs=inputs, overwrite=overwrite, owned=is_export_folder, mark=MARK)
+    else:
+        publish = atomic_file(dst, inputs=inputs, overwrite=overwrite)
     progress.start(f"export {options.target}", plan.steps)
-    with publish(dst, inputs=list(dataset.files), overwrite=overwrite) as tmp:
-        warnings = write(tmp, plan, _counted(read_chunks(plan, run.max_memory, run.safety), progress), valid)
+    with publish as tmp:  # the writers name ``dst`` in their messages, never the temporary
+        chunks = _counted(read_chunks(plan, run.max_memory, run.safety), progress)
+        warnings = write(tmp, plan, chunks, valid, label=dst)
     progress.finish()
     held_out = [ep for ep in plan.episodes if valid is not None and valid(ep)]
     return {
