@@ -444,3 +444,7 @@ def _cells(line: str, part: str) -> list[int]:
         and line[c - 1 : c].strip() == ""
         and line[c + len(part) : c + len(part) + 1].strip() == ""
     ]
+if os.environ.get("TMP_ONLY_EXPORT"):  # TEMPORARY, do not commit
+    COMMANDS = {k: v for k, v in COMMANDS.items() if k.startswith("export")}
+    WRITERS = [name for name, command in COMMANDS.items() if command.writes]
+    ROLLOUT_READERS = [name for name, command in COMMANDS.items() if command.source in ("rollout", "gae")]

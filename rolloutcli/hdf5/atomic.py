@@ -327,8 +327,8 @@ def atomic_folder(
     Without ``overwrite`` nothing at ``dst`` is ever replaced, even one that appeared during the run (exit 2).
     With it, only a link or a folder that ``owned`` recognises as an earlier output (holding no input) is
     replaced (``mark`` says how it is recognised), checked at the start and again at publish; the swap is one
-    step where the file system allows,
-    so an interruption leaves the old folder or the new one, never a half-written one.
+    step where the file system allows, so an interruption leaves the old folder or the new one, never a
+    half-written one.
     """
     shown = Path(dst)
     dst = Path(os.path.abspath(dst))

@@ -56,9 +56,30 @@ def _lanes_hash(arrays: list[np.ndarray], N: int) -> list[int]:
     return out
 
 
+MAX_RECORDING_ID = 256  # characters: an id is a name (RolloutWriter's a UUID), copied into every episode's output
+
+
 def _attr(reader: RolloutReader, name: str) -> Any:
-    value = reader.attrs.get(name)
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    """The root attribute ``name`` as stored; bytes as UTF-8 text (bytes that are not stay bytes: refused as an
+    id, never decoded with replacement characters, which would make two different ids one; a long array stays an
+    array, never its description)."""
+    value = reader.raw_attr(name)
+    if isinstance(value, np.generic) and not isinstance(value, bytes | str):
+        return value.item()
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A hostile attribute's value as a short quote (a message stays one short line)."""
+    if isinstance(value, np.ndarray):
+        return f"an array of {value.dtype} shaped {value.shape}"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({type(value).__name__})"
 
 
 def _recording(reader: RolloutReader) -> tuple[str | None, int | None]:
@@ -66,10 +87,20 @@ def _recording(reader: RolloutReader) -> tuple[str | None, int | None]:
     rid, index = _attr(reader, "recording_id"), _attr(reader, "recording_index")
     if rid is None and index is None:
         return None, None
+    if isinstance(rid, bytes):
+        raise RolloutError(
+            f"{reader.path}: attribute 'recording_id': expected UTF-8 text, found bytes that are not "
+            f"({_shown(bytes(rid))}). Write the id as a string."
+        )
     if not isinstance(rid, str) or not rid or isinstance(index, bool) or not isinstance(index, int | np.integer):
         raise RolloutError(
             f"{reader.path}: attributes 'recording_id'/'recording_index': expected a non-empty string and an "
-            f"integer >= 0 together, found {rid!r} and {index!r}. Write both (RolloutWriter) or neither."
+            f"integer >= 0 together, found {_shown(rid)} and {_shown(index)}. Write both (RolloutWriter) or neither."
+        )
+    if len(rid) > MAX_RECORDING_ID:
+        raise RolloutError(
+            f"{reader.path}: attribute 'recording_id': expected at most {MAX_RECORDING_ID} characters, found "
+            f"{len(rid)}. Write a short id (RolloutWriter writes a UUID)."
         )
     if index < 0:
         raise RolloutError(
@@ -96,7 +127,7 @@ def _facts(path: Path, safety: SafetyOptions | None) -> tuple[_File, dict]:
             path=path,
             recording=rid,
             index=index,
-            from_reset=bool(_attr(reader, "recorded_from_reset")),
+            from_reset=bool(reader.attrs.get("recorded_from_reset")),
             T=reader.T,
             segments=lane_segments(dones, skip),
             ends={(r, n): bool(outs[r, n]) for r, n in zip(rows.tolist(), lanes.tolist(), strict=True)},
