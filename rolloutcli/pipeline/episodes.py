@@ -21,7 +21,7 @@ from rolloutcli.core.episodes import Segment, lane_segments
 from rolloutcli.dataset import check_agrees, dataset_reader, reader_signature
 from rolloutcli.errors import RolloutError
 from rolloutcli.fields import AUTORESET
-from rolloutcli.hdf5.limits import SafetyOptions
+from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, SafetyOptions
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
 
@@ -110,9 +110,9 @@ def _recording(reader: RolloutReader) -> tuple[str | None, int | None]:
     return rid, int(index)
 
 
-def _facts(path: Path, safety: SafetyOptions | None) -> tuple[_File, dict]:
+def _facts(path: Path, safety: SafetyOptions | None, budget: int) -> tuple[_File, dict]:
     """Read what the plan needs of one file (flags, a hash per env of the first and last observations)."""
-    with dataset_reader(path, safety) as reader:
+    with dataset_reader(path, safety, budget=budget) as reader:  # its value check streams within the budget
         rid, index = _recording(reader)
         fields = reader.schema.fields
         dones = reader.array("dones") != 0
@@ -239,9 +239,15 @@ def _walk(rec: list[int], facts: list[_File], first_file: int, name: str) -> lis
 
 
 def plan_episodes(
-    files: Sequence[Path], names: Sequence[str], *, partial: bool = False, safety: SafetyOptions | None = None
+    files: Sequence[Path],
+    names: Sequence[str],
+    *,
+    partial: bool = False,
+    safety: SafetyOptions | None = None,
+    budget: int = DEFAULT_MAX_MEMORY,
 ) -> EpisodePlan:
-    """The plan of ``files`` (a dataset, in its sorted order; ``names``: their names relative to its root).
+    """The plan of ``files`` (a dataset, in its sorted order; ``names``: their names relative to its root),
+    each file's values checked in blocks of at most ``budget`` bytes.
 
     Raises:
         RolloutError: exit 1 for files whose fields disagree, a repeated or missing ``recording_index`` in a
@@ -249,7 +255,7 @@ def plan_episodes(
     """
     facts, signatures = [], []
     for path in files:
-        f, sig = _facts(path, safety)
+        f, sig = _facts(path, safety, budget)
         if signatures:
             check_agrees(files[0], signatures[0], path, sig)
         facts.append(f)
@@ -346,16 +352,20 @@ def _next_observation(plan: EpisodePlan, reader: RolloutReader, block: dict, t0:
 
 def read_chunks(plan: EpisodePlan, budget: int, safety: SafetyOptions | None = None) -> Iterator[Chunk]:
     """The steps of ``plan``'s episodes, file by file, each file in blocks of rows of at most ``budget`` bytes
-    (at least one row): each chunk is one episode's steps within one block, an episode's chunks in time order."""
+    (at least one row): each chunk is one episode's steps within one block, an episode's chunks in time order.
+
+    Two blocks may be alive at once: the consumer still holds the last chunk (a view of the block before) while
+    the next is read, so a block gets half the budget."""
     step_bytes = sum(int(np.prod(shape)) * dtype.itemsize for dtype, shape in plan.fields.values())
     for k, path in enumerate(plan.files):
         pieces = plan.pieces.get(k)
         if not pieces:
             continue
         with dataset_reader(path, safety, check=False) as reader:
-            rows = max(1, budget // max(step_bytes * reader.N, 1))
+            rows = max(1, budget // 2 // max(step_bytes * reader.N, 1))
             for t0 in range(0, reader.T, rows):
                 t1 = min(reader.T, t0 + rows)
+                block = None  # the block before is freed before the next is read (where no chunk holds it)
                 block = {
                     n: _normalised(plan, n, reader.slice(src, (slice(t0, t1),))) for n, src in plan.sources.items()
                 }

@@ -97,7 +97,9 @@ def run_export(
     started = time.monotonic()
     dataset = resolve(files)
     write, kind = _writer(options.target)
-    plan = plan_episodes(dataset.files, dataset.names, partial=options.partial, safety=run.safety)
+    plan = plan_episodes(
+        dataset.files, dataset.names, partial=options.partial, safety=run.safety, budget=run.max_memory
+    )
     if not plan.episodes:
         raise RolloutError(
             f"{dataset.files[0]}: field 'dones': expected at least one whole episode, found none "
