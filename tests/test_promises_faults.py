@@ -33,6 +33,7 @@ from promises import (
     error_lines,
     is_root,
     make_input,
+    one_export,
     run_rolloutcli,
     temporaries,
 )
@@ -96,7 +97,10 @@ def _assert_untouched(name: str, folder: Path, src: Path, dst: Path | None, befo
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 # (command, signal, a previous output exists): SIGKILL and SIGINT over an old output, SIGTERM over nothing.
 SIGNAL_CASES = [
-    (name, sig, sig != "SIGTERM") for name in COMMANDS for sig in SIGNALS if COMMANDS[name].writes or sig != "SIGKILL"
+    (name, sig, sig != "SIGTERM")
+    for name in one_export(list(COMMANDS))
+    for sig in SIGNALS
+    if COMMANDS[name].writes or sig != "SIGKILL"
 ]
 
 
