@@ -188,7 +188,7 @@ def _fuzz_job(spec: dict[str, Any], index: int, bases: dict[str, bytes], folder:
     data = mutate(bases[command["source"]], rng, spec["hot"][command["source"]])
     src = folder / f"m{index}.h5"
     src.write_bytes(data)
-    dst = folder / f"o{index}.h5"
+    dst = folder / command.get("output", "o{index}.h5").format(index=index)
     argv = [a.replace("{src}", str(src)).replace("{dst}", str(dst)) for a in command["argv"]]
     return {
         "name": f"mutant {index}",
@@ -436,7 +436,9 @@ def run_fuzz(
     """Run ``count`` seeded mutants; mutant ``i`` goes to ``commands[i % len(commands)]``.
 
     ``commands``: ``{"name", "argv" (with {src} and {dst}), "source" (a key of ``bases``), "writes",
-    "in_place"}``. ``workers`` children share the mutants (contiguous ranges), each in its own folder.
+    "in_place"}`` and optionally ``"output"``, the output's name with ``{index}`` (``o{index}.h5`` if not given;
+    a Minari dataset's folder must be named like an id: ``o{index}-v0``).
+    ``workers`` children share the mutants (contiguous ranges), each in its own folder.
     """
     hot = {kind: metadata_ranges(path) for kind, path in bases.items()}
     edges = [count * k // workers for k in range(workers + 1)]
@@ -451,9 +453,8 @@ def run_fuzz(
         for command in commands:  # each command once on its intact base: imports and JIT before the baseline
             src = mutants / f"warm-{len(warmup)}.h5"
             src.write_bytes(bases[command["source"]].read_bytes())
-            argv = [
-                a.replace("{src}", str(src)).replace("{dst}", str(mutants / "warm-out.h5")) for a in command["argv"]
-            ]
+            dst = mutants / command.get("output", "o{index}.h5").format(index="")
+            argv = [a.replace("{src}", str(src)).replace("{dst}", str(dst)) for a in command["argv"]]
             warmup.append({"argv": argv, "src": str(src), "folder": str(mutants)})
         spec = {
             "kind": "fuzz",

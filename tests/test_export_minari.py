@@ -30,7 +30,7 @@ def _export(root: Path, name: str, plan, chunks, valid=None) -> list[str]:
     """Export as the command does: into a temporary folder beside ``root/name``, renamed when complete."""
     tmp = root / f".{name}.rolloutcli-tmp-x1y2"
     tmp.mkdir(parents=True)
-    lines = export_minari(tmp, plan, chunks, valid)
+    lines = export_minari(tmp, plan, chunks, valid, label=root / name)
     tmp.rename(root / name)
     return lines
 

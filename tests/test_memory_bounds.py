@@ -115,3 +115,39 @@ def test_batch_refuses_a_shard_larger_than_the_budget_before_reading(tmp_path: P
     added = peak_kib - baseline_kib
     assert added < ADDED_LIMIT_KIB, f"{added} KiB over the start-up ({baseline_kib} KiB): the source was read"
     assert not dst.exists() and temporaries(tmp_path) == []
+
+
+EXPORT_T = 1 << 21  # one env's single episode: 178 MiB of steps (observations 128 MiB), 11 times the budget
+EXPORT_ADDED_LIMIT_KIB = 96 * 1024  # holding the episode whole would add at least 178 MiB
+
+
+def _episode_file(path: Path, steps: int) -> Path:
+    """One env, one episode of ``steps`` steps (no done: a partial episode), every chunk written."""
+    block = 1 << 16
+    with h5py.File(path, "w") as handle:
+        fields = {"rewards": ((), "f4"), "values": ((), "f4"), "dones": ((), "u1"), "actions": ((4,), "f4")}
+        fields["observations/policy"] = ((16,), "f4")
+        for name, (shape, dtype) in fields.items():
+            data = handle.create_dataset(name, (steps, 1, *shape), dtype, chunks=(min(steps, block), 1, *shape))
+            for start in range(0, steps, block):
+                rows = np.arange(start, min(start + block, steps)) % 251 * (name != "dones")
+                data[start : start + len(rows)] = rows.reshape(-1, 1, *([1] * len(shape))).astype(dtype)
+        handle["last_values"] = np.zeros(1, np.float32)
+    return path
+
+
+@pytest.mark.parametrize("target", ["d4rl", "minari", "robomimic"])
+def test_export_streams_an_episode_larger_than_the_budget(tmp_path: Path, target: str) -> None:
+    """``export --max-memory 16M`` of an episode of 178 MiB: its steps stream in blocks (the episode is never
+    held whole), against the same export of a 64-step file. What remains over the budget is libhdf5's (the value
+    check's and the writes' buffers, growing slowly with the file's length), not the episode."""
+    small, src = _episode_file(tmp_path / "small.h5", 64), _episode_file(tmp_path / "long.h5", EXPORT_T)
+    name = "out-v0" if target == "minari" else "out.h5"
+    options = ["--to", target, "--partial-episodes", "--max-memory", "16M", "-q"]
+    code, err, baseline_kib = _peak_child(["export", str(small), "-o", str(tmp_path / f"small-{name}"), *options])
+    assert code == 0, err
+    code, err, peak_kib = _peak_child(["export", str(src), "-o", str(tmp_path / name), *options])
+    assert code == 0, err
+    added = peak_kib - baseline_kib
+    assert added < EXPORT_ADDED_LIMIT_KIB, f"{added} KiB over the start-up ({baseline_kib} KiB): the episode was held"
+    assert temporaries(tmp_path) == []

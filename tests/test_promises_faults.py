@@ -33,6 +33,7 @@ from promises import (
     error_lines,
     is_root,
     make_input,
+    one_export,
     run_rolloutcli,
     temporaries,
 )
@@ -50,23 +51,26 @@ def _prepare(folder: Path, name: str, old: bool) -> tuple[Path, Path | None, str
     src = make_input(command.source, folder / "in.h5", **BIG)
     dst = command.output_path(src, folder)
     if old and dst is not None and not command.in_place:
-        _write_old(dst, command.output)
+        _write_old(dst, name)
     return src, dst, digest(src)
 
 
-def _write_old(dst: Path, kind: str | None) -> None:
-    """A previous output at ``dst``: a file, or a folder holding one (``batch``)."""
-    if kind == "folder":  # an earlier shard folder: the only folder --overwrite may replace
-        dst.mkdir()
+def _write_old(dst: Path, name: str) -> None:
+    """A previous output of command ``name`` at ``dst``: a file, or a folder holding one (``batch``, ``export``
+    to a folder): an earlier output of that command, the only folder --overwrite may replace."""
+    command = COMMANDS[name]
+    if command.output == "folder":
+        command.write_earlier(dst)
         (dst / "old.txt").write_bytes(OLD)
-        (dst / "manifest.json").write_text('{"format": "rolloutcli.shards"}')
     else:
         dst.write_bytes(OLD)
 
 
 def _is_old(dst: Path) -> bool:
+    """``dst`` is the previous output: the file, or the folder of old.txt beside the earlier output's one entry."""
     if dst.is_dir() and not dst.is_symlink():
-        return sorted(os.listdir(dst)) == ["manifest.json", "old.txt"] and (dst / "old.txt").read_bytes() == OLD
+        names = set(os.listdir(dst))
+        return "old.txt" in names and len(names) == 2 and (dst / "old.txt").read_bytes() == OLD
     return dst.is_file() and dst.read_bytes() == OLD
 
 
@@ -93,7 +97,10 @@ def _assert_untouched(name: str, folder: Path, src: Path, dst: Path | None, befo
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 # (command, signal, a previous output exists): SIGKILL and SIGINT over an old output, SIGTERM over nothing.
 SIGNAL_CASES = [
-    (name, sig, sig != "SIGTERM") for name in COMMANDS for sig in SIGNALS if COMMANDS[name].writes or sig != "SIGKILL"
+    (name, sig, sig != "SIGTERM")
+    for name in one_export(list(COMMANDS))
+    for sig in SIGNALS
+    if COMMANDS[name].writes or sig != "SIGKILL"
 ]
 
 
@@ -294,7 +301,7 @@ def test_existing_output_needs_overwrite(tmp_path: Path, cli, name: str) -> None
     src = make_input(command.source, tmp_path / "in.h5")
     dst = command.output_path(src, tmp_path)
     assert dst is not None
-    _write_old(dst, command.output)
+    _write_old(dst, name)
     code, _, err = cli(*command.argv(src, dst))
     assert code == 2
     assert error_lines(err) == [

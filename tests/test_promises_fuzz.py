@@ -38,6 +38,7 @@ def fuzz_commands() -> list[dict]:
             "source": command.source,
             "writes": command.writes,
             "in_place": command.in_place,
+            **({"output": command.name.replace("out", "o{index}", 1)} if command.name else {}),
         }
         for name, command in COMMANDS.items()
     ]

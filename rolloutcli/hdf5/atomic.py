@@ -51,13 +51,16 @@ def _holds(folder: Path, src: Path) -> bool:
         return False
 
 
-def _check_replaceable(dst: Path, inputs: Sequence[Path], owned: Callable[[Path], bool] | None) -> None:
-    """``--overwrite`` on a folder output replaces only a link or an earlier output of ours holding no input."""
+def _check_replaceable(
+    dst: Path, inputs: Sequence[Path], owned: Callable[[Path], bool] | None, mark: str = "its manifest.json"
+) -> None:
+    """``--overwrite`` on a folder output replaces only a link or an earlier output of ours holding no input
+    (``mark``: how ``owned`` recognises one, named in the message)."""
     if os.path.islink(dst):
         return  # the link itself is replaced; its target is never touched
     if not os.path.isdir(dst) or owned is None or not owned(dst):
         raise RolloutError(
-            f"{dst}: --overwrite replaces only an output folder rolloutcli wrote (with its manifest.json), "
+            f"{dst}: --overwrite replaces only an output folder rolloutcli wrote (with {mark}), "
             "found something else; refusing to touch it. Choose a new output folder.",
             exit_code=EXIT_USAGE,
         )
@@ -78,6 +81,7 @@ def check_output_path(
     replace_input: bool = False,
     owned: Callable[[Path], bool] | None = None,
     overwrite_option: str = "--overwrite",
+    mark: str = "its manifest.json",
 ) -> None:
     """Refuse unsafe destinations before anything is opened for writing (``overwrite_option``: how the caller's
     user asks to replace an output, named in the message).
@@ -85,7 +89,8 @@ def check_output_path(
     Refuses (exit 4) an output that is one of the inputs (same path, symlink or hard link) unless
     ``replace_input`` (an in-place update, which still goes through a temporary file); refuses (exit 2)
     a folder where a file is expected, an existing output without ``overwrite``, and, for a folder output,
-    anything but a link or a folder ``owned`` says we wrote; a missing or non-writable parent folder (exit 3).
+    anything but a link or a folder ``owned`` says we wrote (``mark``: how it knows); a missing or non-writable
+    parent folder (exit 3).
     """
     for src in [] if replace_input else inputs:
         if same_file(dst, src) or os.path.abspath(dst) == os.path.abspath(src):
@@ -105,7 +110,7 @@ def check_output_path(
             exit_code=EXIT_USAGE,
         )
     if kind == "folder" and os.path.lexists(dst):
-        _check_replaceable(dst, inputs, owned)
+        _check_replaceable(dst, inputs, owned, mark)
     parent = _parent(dst)
     if not parent.is_dir():
         raise RolloutError(
@@ -315,25 +320,27 @@ def atomic_folder(
     inputs: Sequence[Path] = (),
     overwrite: bool = False,
     owned: Callable[[Path], bool] | None = None,
+    mark: str = "its manifest.json",
 ) -> Iterator[Path]:
     """Yield a temporary folder beside ``dst``; publish it by renaming when the block completes.
 
     Without ``overwrite`` nothing at ``dst`` is ever replaced, even one that appeared during the run (exit 2).
     With it, only a link or a folder that ``owned`` recognises as an earlier output (holding no input) is
-    replaced, checked at the start and again at publish; the swap is one step where the file system allows,
-    so an interruption leaves the old folder or the new one, never a half-written one.
+    replaced (``mark`` says how it is recognised), checked at the start and again at publish; the swap is one
+    step where the file system allows, so an interruption leaves the old folder or the new one, never a
+    half-written one.
     """
     shown = Path(dst)
     dst = Path(os.path.abspath(dst))
     inputs = [Path(p) for p in inputs]
-    check_output_path(shown, inputs, overwrite=overwrite, kind="folder", owned=owned)
+    check_output_path(shown, inputs, overwrite=overwrite, kind="folder", owned=owned, mark=mark)
     with _temporary(shown, dst.parent, "folder") as tmp:
         yield tmp
         stop_if_signalled()
         try:
             _seal_folder(tmp, _mode_for(inputs))
             if overwrite and os.path.lexists(dst):
-                _check_replaceable(shown, inputs, owned)
+                _check_replaceable(shown, inputs, owned, mark)
                 _replace_folder(tmp, dst)
             else:
                 rename_noreplace(tmp, dst)

@@ -48,11 +48,18 @@ def output_kind(split: bool) -> str:
 
 
 def export_d4rl(
-    out: Path, plan: EpisodePlan, chunks: Iterable[Chunk], valid: Callable[[Episode], bool] | None
+    out: Path,
+    plan: EpisodePlan,
+    chunks: Iterable[Chunk],
+    valid: Callable[[Episode], bool] | None,
+    *,
+    label: Path | None = None,
 ) -> list[str]:
     """Write ``plan``'s episodes, read from ``chunks``, as the D4RL file ``out`` (with ``valid``: the folder
-    ``out`` of ``train.hdf5`` and ``valid.hdf5``); the warning lines."""
-    check_plan(out, plan, TARGET)
+    ``out`` of ``train.hdf5`` and ``valid.hdf5``); the warning lines. Messages name ``label`` (the destination
+    the user gave; ``out`` may be its temporary), or ``out``."""
+    shown = Path(label or out)
+    check_plan(shown, plan, TARGET)
     sides = {e.number: split_side(valid, e) for e in plan.episodes}
     first, sizes = _rows(plan, sides)
     paths = {"train": out} if valid is None else {s: out / name for s, name in SPLIT_FILES.items()}
@@ -60,18 +67,21 @@ def export_d4rl(
         try:
             out.mkdir(exist_ok=True)
         except OSError as exc:
-            raise RolloutError(f"{out}: cannot create the output folder: {exc.strerror}.", exit_code=EXIT_IO) from exc
+            raise RolloutError(f"{shown}: cannot create the output folder: {exc.strerror}.", exit_code=EXIT_IO) from exc
     names = _names(plan)
     count = StepCount(plan)
     with contextlib.ExitStack() as stack:
-        files = {side: stack.enter_context(new_file(path)) for side, path in paths.items()}
+        files = {
+            side: stack.enter_context(new_file(path, shown / path.name if path != out else shown, TARGET))
+            for side, path in paths.items()
+        }
         for side, h5 in files.items():
             _create(h5, plan, names, sizes[side])
             _flags_and_attrs(h5, plan, [e for e in plan.episodes if sides[e.number] == side], first)
         for chunk in chunks:
             number = chunk.episode.number
-            count.add(chunk, _write_chunk(out, files[sides[number]], chunk, first[number], names))
-        count.check(out)
+            count.add(chunk, _write_chunk(shown, files[sides[number]], chunk, first[number], names))
+        count.check(shown)
     return warnings(plan, TARGET)
 
 

@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 
 from rolloutcli.errors import EXIT_IO, RolloutError
-from rolloutcli.hdf5.atomic import TEMP_MARKER
+from rolloutcli.hdf5.export_marker import MARKER
 from rolloutcli.hdf5.safety import translate_write_error
 from rolloutcli.pipeline import minari_layout as layout
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
@@ -56,14 +56,6 @@ class _Side:
 def output_kind(split: bool) -> str:
     """A Minari dataset is a folder (a split: a folder of two)."""
     return "folder"
-
-
-def _final_name(out: Path) -> Path:
-    """The destination ``out`` stands for: the command writes ``.<name>.rolloutcli-tmp-<random>`` beside it."""
-    name = out.name
-    if name.startswith(".") and TEMP_MARKER in name:
-        name = name[1:].rsplit(TEMP_MARKER, 1)[0]
-    return out.with_name(name)
 
 
 def _untimed_group(parent: h5py.Group, name: str) -> h5py.Group:
@@ -177,6 +169,7 @@ def _open_sides(out: Path, plan: EpisodePlan, ids: list[str], sides: list[_Side]
         folder.mkdir(parents=True, exist_ok=True)
         handle = h5py.File(folder / "main_data.hdf5", "w")
         handle.attrs["source_files"] = [path.name for path in plan.files]
+        handle.attrs[MARKER] = "minari"  # an earlier export --overwrite may replace
         sides.append(_Side(folder, dataset_id, handle))
 
 
@@ -201,18 +194,20 @@ def _fill(sides: list[_Side], plan: EpisodePlan, chunks: Iterable[Chunk], valid:
 
 
 def export_minari(
-    out: Path, plan: EpisodePlan, chunks: Iterable[Chunk], valid: Valid
+    out: Path, plan: EpisodePlan, chunks: Iterable[Chunk], valid: Valid, *, label: Path | None = None
 ) -> list[str]:
     """Write ``plan``'s episodes (read from ``chunks``) as a Minari dataset at ``out`` (two with ``valid``:
-    ``out/train-v0`` and ``out/valid-v0``); the warning lines."""
-    where = plan.files[0] if plan.files else out
+    ``out/train-v0`` and ``out/valid-v0``); the warning lines. ``label``: the destination the user gave, which
+    names the dataset and the messages (``out`` may be its temporary); ``out`` when None."""
+    shown = Path(label or out)
+    where = plan.files[0] if plan.files else shown
     spaces = (layout.observation_space(plan, str(where)), layout.action_space(plan, str(where)))
-    ids = layout.dataset_ids(_final_name(out), valid is not None)
+    ids = layout.dataset_ids(shown, valid is not None)
     sides: list[_Side] = []
     try:
         try:
             _open_sides(out, plan, ids, sides)
-            cut, dropped = _fill(sides, plan, chunks, valid, out)
+            cut, dropped = _fill(sides, plan, chunks, valid, shown)
         finally:
             for side in sides:
                 side.file.close()
@@ -221,8 +216,8 @@ def export_minari(
             text = layout.metadata(side.dataset_id, side.episodes, side.steps, spaces, size)
             (side.folder / "metadata.json").write_text(text)
     except _OUTPUT_ERRORS as exc:
-        error = translate_write_error(out, exc)
+        error = translate_write_error(shown, exc)
         if error.exit_code != EXIT_IO:  # not an OS fault: h5py refused a write of ours
-            error = RolloutError(f"{out}: cannot write the output ({str(exc).splitlines()[0]}).", exit_code=EXIT_IO)
+            error = RolloutError(f"{shown}: cannot write the output ({str(exc).splitlines()[0]}).", exit_code=EXIT_IO)
         raise error from exc
     return layout.warnings_for(plan, cut, dropped)

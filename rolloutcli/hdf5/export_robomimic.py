@@ -55,21 +55,28 @@ def output_kind(split: bool) -> str:
 
 
 def export_robomimic(
-    out: Path, plan: EpisodePlan, chunks: Iterable[Chunk], valid: Callable[[Episode], bool] | None
+    out: Path,
+    plan: EpisodePlan,
+    chunks: Iterable[Chunk],
+    valid: Callable[[Episode], bool] | None,
+    *,
+    label: Path | None = None,
 ) -> list[str]:
-    """Write ``plan``'s episodes, read from ``chunks``, as the robomimic file ``out``; the warning lines."""
-    check_plan(out, plan, TARGET)
+    """Write ``plan``'s episodes, read from ``chunks``, as the robomimic file ``out``; the warning lines.
+    Messages name ``label`` (the destination the user gave; ``out`` may be its temporary), or ``out``."""
+    shown = Path(label or out)
+    check_plan(shown, plan, TARGET)
     demos = _demos(plan)
     count = StepCount(plan)
-    with new_file(out) as h5:
+    with new_file(out, shown, TARGET) as h5:
         for episode in plan.episodes:
             if episode.number in demos:
                 _create(h5, plan, episode, demos[episode.number])
         for chunk in chunks:
             demo = demos.get(chunk.episode.number)
             if demo is not None:
-                count.add(chunk, _write_chunk(out, h5, chunk, demo, list(plan.observations)))
-        count.check(out)
+                count.add(chunk, _write_chunk(shown, h5, chunk, demo, list(plan.observations)))
+        count.check(shown)
         total = sum(d.steps for d in demos.values())
         h5.set_attrs({"total": total, "env_args": json.dumps(ENV_ARGS), "source_files": file_names(plan)}, "data")
         if valid is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from rolloutcli.errors import RolloutError
+from rolloutcli.hdf5.export_marker import MARKER
 from rolloutcli.hdf5.writer import RolloutOutput
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
 
@@ -127,9 +128,11 @@ class StepCount:
 
 
 @contextlib.contextmanager
-def new_file(path: Path) -> Iterator[RolloutOutput]:
-    """A new HDF5 file at ``path`` (libhdf5's failures become one-line errors naming it)."""
-    with RolloutOutput(path, path) as out:
+def new_file(path: Path, label: Path, target: str) -> Iterator[RolloutOutput]:
+    """A new HDF5 file at ``path``, marked as an export to ``target`` (:mod:`rolloutcli.hdf5.export_marker`);
+    libhdf5's failures become one-line errors naming ``label``, the path the user gave (``path`` is temporary)."""
+    with RolloutOutput(path, label) as out:
+        out.set_attrs({MARKER: target})
         yield out
 
 

@@ -170,6 +170,11 @@ class H5Input:
         self.handle.visititems(visit)
         return found
 
+    def raw_attr(self, name: str) -> Any:
+        """The root attribute ``name`` as stored (bytes not decoded, an array of any size an array), or None: for a
+        reader that must not take a decoded or described value for the real one (a recording's id)."""
+        return self.guard(lambda: self.handle.attrs.get(name), None)
+
     def attrs_of(self, name: str) -> dict[str, Any]:
         """Attributes of the object at ``name`` (``""``: the root) as plain data."""
         obj = self.handle[name] if name else self.handle

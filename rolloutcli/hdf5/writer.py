@@ -127,9 +127,12 @@ class RolloutOutput:
     def _do(self, fn: Callable[[], R]) -> R:
         try:
             return fn()
-        except _OUTPUT_ERRORS as exc:
+        except (*HDF5_ERRORS, MemoryError) as exc:
+            # an OS fault may come as any of h5py's exceptions (a group created past RLIMIT_FSIZE: KeyError)
             if system_errno(exc) is not None or isinstance(exc, MemoryError):
                 raise translate_write_error(self.dst, exc) from exc
+            if not isinstance(exc, _OUTPUT_ERRORS):
+                raise
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise RolloutError(
                 f"{self.dst}: cannot write the output ({first}); nothing was written.", exit_code=EXIT_IO

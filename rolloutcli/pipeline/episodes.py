@@ -21,7 +21,7 @@ from rolloutcli.core.episodes import Segment, lane_segments
 from rolloutcli.dataset import check_agrees, dataset_reader, reader_signature
 from rolloutcli.errors import RolloutError
 from rolloutcli.fields import AUTORESET
-from rolloutcli.hdf5.limits import SafetyOptions
+from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, SafetyOptions
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
 
@@ -57,9 +57,35 @@ def _lanes_hash(arrays: list[np.ndarray], N: int) -> list[int]:
     return out
 
 
+MAX_RECORDING_ID = 256  # characters: an id is a name (RolloutWriter's a UUID), copied into every episode's output
+
+
 def _attr(reader: RolloutReader, name: str) -> Any:
-    value = reader.attrs.get(name)
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    """The root attribute ``name`` as stored; bytes as UTF-8 text (bytes that are not stay bytes: refused as an
+    id, never decoded with replacement characters, which would make two different ids one; a long array stays an
+    array, never its description)."""
+    value = reader.raw_attr(name)
+    if isinstance(value, np.generic) and not isinstance(value, bytes | str):
+        return value.item()
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A hostile attribute's value as a short quote (a message stays one short line)."""
+    if isinstance(value, np.ndarray):
+        return f"an array of {value.dtype} shaped {value.shape}"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({type(value).__name__})"
+
+
+def _flag(value: Any) -> bool:
+    """A boolean attribute: true only as a bool or the integer 1 (a string "false" is not true)."""
+    return isinstance(value, bool | np.bool_ | int | np.integer) and bool(value) and int(value) == 1
 
 
 def _recording(reader: RolloutReader) -> tuple[str | None, int | None]:
@@ -67,10 +93,20 @@ def _recording(reader: RolloutReader) -> tuple[str | None, int | None]:
     rid, index = _attr(reader, "recording_id"), _attr(reader, "recording_index")
     if rid is None and index is None:
         return None, None
+    if isinstance(rid, bytes):
+        raise RolloutError(
+            f"{reader.path}: attribute 'recording_id': expected UTF-8 text, found bytes that are not "
+            f"({_shown(bytes(rid))}). Write the id as a string."
+        )
     if not isinstance(rid, str) or not rid or isinstance(index, bool) or not isinstance(index, int | np.integer):
         raise RolloutError(
             f"{reader.path}: attributes 'recording_id'/'recording_index': expected a non-empty string and an "
-            f"integer >= 0 together, found {rid!r} and {index!r}. Write both (RolloutWriter) or neither."
+            f"integer >= 0 together, found {_shown(rid)} and {_shown(index)}. Write both (RolloutWriter) or neither."
+        )
+    if len(rid) > MAX_RECORDING_ID:
+        raise RolloutError(
+            f"{reader.path}: attribute 'recording_id': expected at most {MAX_RECORDING_ID} characters, found "
+            f"{len(rid)}. Write a short id (RolloutWriter writes a UUID)."
         )
     if index < 0:
         raise RolloutError(
@@ -80,9 +116,9 @@ def _recording(reader: RolloutReader) -> tuple[str | None, int | None]:
     return rid, int(index)
 
 
-def _facts(path: Path, safety: SafetyOptions | None) -> tuple[_File, dict]:
+def _facts(path: Path, safety: SafetyOptions | None, budget: int) -> tuple[_File, dict]:
     """Read what the plan needs of one file (flags, a hash per env of the first and last observations)."""
-    with dataset_reader(path, safety) as reader:
+    with dataset_reader(path, safety, budget=budget) as reader:  # its value check streams within the budget
         rid, index = _recording(reader)
         fields = reader.schema.fields
         dones = reader.array("dones") != 0
@@ -97,7 +133,7 @@ def _facts(path: Path, safety: SafetyOptions | None) -> tuple[_File, dict]:
             path=path,
             recording=rid,
             index=index,
-            from_reset=bool(_attr(reader, "recorded_from_reset")),
+            from_reset=_flag(reader.attrs.get("recorded_from_reset")),
             T=reader.T,
             segments=lane_segments(dones, skip),
             ends={(r, n): bool(outs[r, n]) for r, n in zip(rows.tolist(), lanes.tolist(), strict=True)},
@@ -212,9 +248,15 @@ def _walk(rec: list[int], facts: list[_File], first_file: int, name: str) -> lis
 
 
 def plan_episodes(
-    files: Sequence[Path], names: Sequence[str], *, partial: bool = False, safety: SafetyOptions | None = None
+    files: Sequence[Path],
+    names: Sequence[str],
+    *,
+    partial: bool = False,
+    safety: SafetyOptions | None = None,
+    budget: int = DEFAULT_MAX_MEMORY,
 ) -> EpisodePlan:
-    """The plan of ``files`` (a dataset, in its sorted order; ``names``: their names relative to its root).
+    """The plan of ``files`` (a dataset, in its sorted order; ``names``: their names relative to its root),
+    each file's values checked in blocks of at most ``budget`` bytes.
 
     Raises:
         RolloutError: exit 1 for files whose fields disagree, a repeated or missing ``recording_index`` in a
@@ -222,7 +264,7 @@ def plan_episodes(
     """
     facts, signatures = [], []
     for path in files:
-        f, sig = _facts(path, safety)
+        f, sig = _facts(path, safety, budget)
         if signatures:
             check_agrees(files[0], signatures[0], path, sig)
         facts.append(f)
@@ -321,16 +363,20 @@ def _next_observation(plan: EpisodePlan, reader: RolloutReader, block: dict, t0:
 
 def read_chunks(plan: EpisodePlan, budget: int, safety: SafetyOptions | None = None) -> Iterator[Chunk]:
     """The steps of ``plan``'s episodes, file by file, each file in blocks of rows of at most ``budget`` bytes
-    (at least one row): each chunk is one episode's steps within one block, an episode's chunks in time order."""
+    (at least one row): each chunk is one episode's steps within one block, an episode's chunks in time order.
+
+    Two blocks may be alive at once: the consumer still holds the last chunk (a view of the block before) while
+    the next is read, so a block gets half the budget."""
     step_bytes = sum(int(np.prod(shape)) * dtype.itemsize for dtype, shape in plan.fields.values())
     for k, path in enumerate(plan.files):
         pieces = plan.pieces.get(k)
         if not pieces:
             continue
         with dataset_reader(path, safety, check=False) as reader:
-            rows = max(1, budget // max(step_bytes * reader.N, 1))
+            rows = max(1, budget // 2 // max(step_bytes * reader.N, 1))
             for t0 in range(0, reader.T, rows):
                 t1 = min(reader.T, t0 + rows)
+                block = None  # the block before is freed before the next is read (where no chunk holds it)
                 block = {
                     n: _normalised(plan, n, reader.slice(src, (slice(t0, t1),))) for n, src in plan.sources.items()
                 }

@@ -19,6 +19,7 @@ from rolloutcli.core.episodes import valid_side
 from rolloutcli.dataset import file_hash, resolve
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_file, atomic_folder
+from rolloutcli.hdf5.export_marker import MARK, is_export_folder
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
 from rolloutcli.pipeline.episodes import plan_episodes, read_chunks
 from rolloutcli.pipeline.options import RunOptions
@@ -64,11 +65,11 @@ def splitter(plan: EpisodePlan, fraction: float, by: str, seed: int) -> Callable
     or an env to the other side. A file without ``recording_id`` is named by its content's hash."""
     if fraction <= 0:
         return None
-    names = {ep.recording: ep.recording for ep in plan.episodes}
-    names.update({name: file_hash(plan.files[file]) for name, file in plan.standalone.items()})
+    hashes = {file: file_hash(plan.files[file]) for file in plan.standalone.values()}
 
     def valid(ep: Episode) -> bool:
-        lane = f"{names[ep.recording]}\0{ep.lane}"
+        alone = plan.standalone.get(ep.recording) == ep.first_file  # a recording_id may spell a file's name
+        lane = f"{hashes[ep.first_file] if alone else ep.recording}\0{ep.lane}"
         identity = lane if by == "env" else f"{lane}\0{ep.origin[0]}\0{ep.origin[1]}"
         return valid_side(seed, identity, fraction)
 
@@ -96,17 +97,24 @@ def run_export(
     started = time.monotonic()
     dataset = resolve(files)
     write, kind = _writer(options.target)
-    plan = plan_episodes(dataset.files, dataset.names, partial=options.partial, safety=run.safety)
+    plan = plan_episodes(
+        dataset.files, dataset.names, partial=options.partial, safety=run.safety, budget=run.max_memory
+    )
     if not plan.episodes:
         raise RolloutError(
             f"{dataset.files[0]}: field 'dones': expected at least one whole episode, found none "
             f"({plan.partial} partial). Record longer, or keep partial episodes with --partial-episodes."
         )
     valid = splitter(plan, options.valid_fraction, options.split_by, options.seed)
-    publish = atomic_folder if kind(valid is not None) == "folder" else atomic_file
+    inputs = list(dataset.files)
+    if kind(valid is not None) == "folder":  # --overwrite replaces a folder only where an export of ours is
+        publish = atomic_folder(dst, inputs=inputs, overwrite=overwrite, owned=is_export_folder, mark=MARK)
+    else:
+        publish = atomic_file(dst, inputs=inputs, overwrite=overwrite)
     progress.start(f"export {options.target}", plan.steps)
-    with publish(dst, inputs=list(dataset.files), overwrite=overwrite) as tmp:
-        warnings = write(tmp, plan, _counted(read_chunks(plan, run.max_memory, run.safety), progress), valid)
+    with publish as tmp:  # the writers name ``dst`` in their messages, never the temporary
+        chunks = _counted(read_chunks(plan, run.max_memory, run.safety), progress)
+        warnings = write(tmp, plan, chunks, valid, label=dst)
     progress.finish()
     held_out = [ep for ep in plan.episodes if valid is not None and valid(ep)]
     return {
