@@ -6,8 +6,10 @@ feature), so any imported row can be traced to its source step.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +98,12 @@ def write_arrays(path: Path, arrays: dict[str, Any]) -> Path:
     return path
 
 
-def _fake_jax() -> None:
-    """minari's DataCollector maps its step data with ``jax.tree_util.tree_map`` (jax is not installed here):
-    the same mapping over dicts and tuples, the first tree giving the structure."""
+@contextlib.contextmanager
+def _fake_jax() -> Iterator[None]:
+    """minari's DataCollector maps its step data with ``jax.tree_util.tree_map`` (jax is not installed here),
+    importing it at each step: the same mapping over dicts and tuples, the first tree giving the structure, in
+    ``sys.modules`` only while the dataset is made. (Left there, it broke torchrl's first import in a later test:
+    ``importlib.util.find_spec("jax")`` raises on a module without a spec.)"""
 
     def tree_map(fn: Any, tree: Any, *rest: Any) -> Any:
         if isinstance(tree, dict):
@@ -110,8 +115,13 @@ def _fake_jax() -> None:
     jax, util = types.ModuleType("jax"), types.ModuleType("jax.tree_util")
     util.tree_map = tree_map  # type: ignore[attr-defined]
     jax.tree_util = util  # type: ignore[attr-defined]
-    sys.modules.setdefault("jax", jax)
-    sys.modules.setdefault("jax.tree_util", util)
+    added = {name: module for name, module in (("jax", jax), ("jax.tree_util", util)) if name not in sys.modules}
+    sys.modules.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
 
 
 def make_minari(root: Path, episodes: int, *, dict_obs: bool = False, max_steps: int = 7) -> tuple[Path, Any]:
@@ -120,7 +130,6 @@ def make_minari(root: Path, episodes: int, *, dict_obs: bool = False, max_steps:
     import os
     import warnings
 
-    _fake_jax()
     os.environ["MINARI_DATASETS_PATH"] = str(root)
     import gymnasium as gym
     from minari import DataCollector
@@ -137,16 +146,17 @@ def make_minari(root: Path, episodes: int, *, dict_obs: bool = False, max_steps:
                 }
             ),
         )
-    env = DataCollector(env, record_infos=False)
-    env.action_space.seed(0)
-    for seed in range(episodes):
-        env.reset(seed=seed)
-        while True:
-            *_, terminated, truncated, _ = env.step(env.action_space.sample())
-            if terminated or truncated:
-                break
     name = "test/cart-dict-v0" if dict_obs else "test/cart-v0"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # minari's advice on metadata (author, description, eval_env)
-        dataset = env.create_dataset(dataset_id=name, algorithm_name="random")
+    with _fake_jax():
+        env = DataCollector(env, record_infos=False)
+        env.action_space.seed(0)
+        for seed in range(episodes):
+            env.reset(seed=seed)
+            while True:
+                *_, terminated, truncated, _ = env.step(env.action_space.sample())
+                if terminated or truncated:
+                    break
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # minari's advice on metadata (author, description, eval_env)
+            dataset = env.create_dataset(dataset_id=name, algorithm_name="random")
     return root / name, dataset

@@ -8,7 +8,9 @@ on a node the test added, so the shared cluster keeps its two nodes for the test
 
 from __future__ import annotations
 
+import _thread
 import os
+import signal
 import sys
 import threading
 import time
@@ -23,7 +25,7 @@ from test_engines import OPTIONS, RUN, dying_once, gae_files, run, tree
 
 from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5.atomic import TEMP_MARKER
-from rolloutcli.pipeline import engine
+from rolloutcli.pipeline import engine, ray_connect
 from rolloutcli.pipeline.dataset_job import partial_folder
 from rolloutcli.pipeline.engine import EngineOptions
 from rolloutcli.pipeline.gae import run_gae
@@ -90,9 +92,13 @@ def dying_once_after_writing(marker: Path, src: Path, out: Path) -> dict:
     return result
 
 
-def failing_while_another_runs(folder: Path, src: Path, out: Path) -> dict:
-    """r0's unit fails (exit 1) once r1's has started; r1's waits (60 s), noting in ``folder`` when it ends."""
+def failing_while_another_runs(folder: Path, src: Path, out: Path, stubborn: bool = False) -> dict:
+    """r0's unit fails (exit 1) once r1's has started; r1's waits (60 s), noting in ``folder`` when it ends and,
+    in ``r1.pid``, its process. ``stubborn``: r1's ignores the interrupt (as a unit inside a C call would)."""
     if src.name == "r1.h5":
+        if stubborn:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        (folder / "r1.pid").write_text(str(os.getpid()))
         (folder / "r1.started").touch()
         try:
             deadline = time.monotonic() + 60
@@ -142,6 +148,68 @@ def test_a_failed_ray_run_cancels_its_running_tasks(ray_cluster, runs: Path, tmp
     with pytest.raises(RolloutError, match="injected failure") as error:
         run(runs, tmp_path / "out", EngineOptions(engine="ray"), lambda s, o: (*unit, (tmp_path, s, o)))
     assert error.value.exit_code == 1 and (tmp_path / "r1.ended").exists()
+
+
+def test_a_task_is_interruptible_where_sigint_was_ignored() -> None:
+    """What Ray's cancel does to a running task (``_thread.interrupt_main``) raises KeyboardInterrupt in it, even
+    where SIGINT was ignored; the process's handler is put back after (an interrupt then does nothing)."""
+
+    def cancelled() -> None:
+        _thread.interrupt_main()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ray_connect.interruptible(cancelled)()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        _thread.interrupt_main()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _started_ignoring_sigint(interruptible: Callable[..., Any]) -> Callable[..., Any]:
+    """``ray_connect.interruptible`` whose task starts with SIGINT ignored, as in the workers of a cluster started
+    from a script's background job (``ray start ... &``: the shell ignores SIGINT there; a test run started so)."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        task = interruptible(fn)
+
+        def started(*args: Any) -> Any:
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                return task(*args)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+
+        return started
+
+    return wrap
+
+
+def test_a_cancelled_task_ends_in_a_worker_that_ignores_sigint(
+    ray_cluster, runs: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Ray cancels a running task by simulating SIGINT, which did nothing in a worker that inherited SIGINT
+    ignored (the full suite run in the background): the command returned while r1's task ran on."""
+    monkeypatch.setattr(ray_connect, "interruptible", _started_ignoring_sigint(ray_connect.interruptible))
+    unit = (failing_while_another_runs,)
+    with pytest.raises(RolloutError, match="injected failure"):
+        run(runs, tmp_path / "out", EngineOptions(engine="ray"), lambda s, o: (*unit, (tmp_path, s, o)))
+    assert (tmp_path / "r1.ended").exists()
+
+
+def test_a_task_that_holds_the_interrupt_back_is_killed(ray_cluster, runs: Path, tmp_path: Path, monkeypatch) -> None:
+    """r1's unit ignores the interrupt: the command kills it (its worker with it) ``CLOSE_GRACE_S`` after the
+    cancel, and returns once it has ended; its ``finally`` never runs."""
+    monkeypatch.setattr(engine, "CLOSE_GRACE_S", 1.0)
+    unit = (failing_while_another_runs,)
+    with pytest.raises(RolloutError, match="injected failure"):
+        run(runs, tmp_path / "out", EngineOptions(engine="ray"), lambda s, o: (*unit, (tmp_path, s, o, True)))
+    assert _still_running({int((tmp_path / "r1.pid").read_text())}, within=10) == []
+    assert not (tmp_path / "r1.ended").exists()
 
 
 def test_ray_cli_and_unreachable_address(ray_cluster, cli, runs: Path, tmp_path: Path) -> None:

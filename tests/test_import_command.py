@@ -311,3 +311,23 @@ def test_gae_on_an_import_names_returns(tmp_path: Path, cli) -> None:
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert f"rolloutcli returns {out} -o OUT.h5" in err, err
     assert not (tmp_path / "g.h5").exists()
+
+
+def test_an_imported_minari_dataset_says_what_runs_on_it(tmp_path: Path, cli) -> None:
+    """What a user sees after ``import``: the summary's counts on a line of their own (a long path does not break
+    them), and on ``inspect`` one warning for the missing critic, naming what does run: no advice about
+    ``last_values`` for a gae that cannot run, and no time-out rule for it (issue 41's Minari walk)."""
+    folder, dataset = make_minari(tmp_path / "minari", 3)
+    out = tmp_path / "a_long_output_name_that_takes_most_of_an_80_column_line.h5"
+    code, stdout, err = cli("import", folder, "-o", out)
+    T = sum(len(e.rewards) for e in dataset.iterate_episodes())
+    assert code == 0 and f"  3 episodes, T={T} steps x N=1 envs, 7 fields" in stdout.splitlines(), stdout + err
+    warning = (
+        f"{out}: no 'values' (no critic): gae cannot run on this file; returns, nstep and batch --transitions "
+        "need none."
+    )
+    assert _inspect(cli, out)["warnings"] == [warning]
+    code, stdout, err = cli("inspect", out)
+    assert code == 0 and "time-out rule" not in stdout and "last_values" not in stdout, stdout
+    code, stdout, err = cli("returns", out, "-o", tmp_path / "r.h5")
+    assert code == 0, err

@@ -25,9 +25,10 @@ class Layout(str, enum.Enum):
 
 def render_import(console: Console, summary: dict[str, Any]) -> None:
     """Print an ``import`` summary."""
+    console.print(f"import {summary['input']} ({summary['layout']}) -> {summary['output']}")
     console.print(
-        f"import {summary['input']} ({summary['layout']}) -> {summary['output']}: {summary['episodes']} episodes, "
-        f"T={summary['T']} steps x N={summary['N']} envs, {len(summary['fields'])} fields"
+        f"  {summary['episodes']} episodes, T={summary['T']} steps x N={summary['N']} envs, "
+        f"{len(summary['fields'])} fields"
     )
     if summary.get("timeouts_rule"):
         console.print(f"time-out rule: {summary['timeouts_rule']} (written as timeouts_rule)")

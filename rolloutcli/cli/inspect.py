@@ -76,7 +76,8 @@ def render_inspect(console: Console, report: dict[str, Any]) -> None:
         console.print(f"hidden state ({net}): {layout['type']}, {layout['layers']} layer(s), size {layout['size']}")
     if report["gae"]:
         console.print("gae: " + ", ".join(f"{k}={v}" for k, v in report["gae"].items()))
-    _timeouts_line(console, report["timeouts"])
+    if report["timeouts"]["applied"] or any(spec["name"] == "values" for spec in report["fields"]):
+        _timeouts_line(console, report["timeouts"])
     split = report["split"]
     console.print(
         f"split: {split['trajectories']} trajectories, padded to T: {_size(split['padded_bytes'])} "
@@ -102,7 +103,8 @@ def _statistics(console: Console, title: str, report: dict[str, Any]) -> None:
 
 
 def _timeouts_line(console: Console, timeouts: dict[str, Any]) -> None:
-    """The time-out rule: what an earlier gae applied, else what gae applies without --timeouts, and why."""
+    """The time-out rule: what an earlier gae applied, else what gae applies without --timeouts, and why (not
+    printed where gae cannot run: a file without 'values', as an import, whose warning says so)."""
     why = "the file's timeouts_rule" if timeouts["from"] == "file" else "default: the file names none"
     if timeouts["applied"]:
         recorded = timeouts["recorded"] or "none"

@@ -197,7 +197,7 @@ def _warm_worker() -> None:
     """Nothing: submitting it starts a worker (they probe files through the driver's helper: ``_run_pool``)."""
 
 
-CLOSE_GRACE_S = 5.0  # an idle worker ends within this once told to; one that does not is stuck and is killed
+CLOSE_GRACE_S = 5.0  # an idle worker, or a cancelled Ray task, ends within this once told to; else it is killed
 
 
 def close_pools() -> None:
@@ -326,10 +326,10 @@ def connect_ray(options: EngineOptions) -> Any:
 
 def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[int, Any], None]) -> None:
     """The units as Ray tasks. On a failure (a unit's, a task's past its retries, a signal) the tasks not done are
-    cancelled (a running one gets KeyboardInterrupt: it removes what it writes) and given ``CLOSE_GRACE_S`` to end
-    before the caller removes or keeps the folder they write into; they ran on after the command had failed."""
+    cancelled and have ended (``ray_connect.end_tasks``: killed after ``CLOSE_GRACE_S``) before the caller removes
+    or keeps the folder they write into; they ran on after the command had failed."""
     ray = connect_ray(options)
-    task = ray.remote(max_retries=RETRIES, scheduling_strategy="SPREAD")(_call)
+    task = ray.remote(max_retries=RETRIES, scheduling_strategy="SPREAD")(ray_connect.interruptible(_call))
     # at most AHEAD_PER_WORKER tasks a cluster CPU in flight: a ref and its arguments per unit of 10,000 were held
     # in the driver (and in Ray's object store) for the whole run
     window = max(1, int(ray.cluster_resources().get("CPU", 1))) * AHEAD_PER_WORKER
@@ -356,10 +356,6 @@ def _run_ray(units: Sequence[Unit], options: EngineOptions, finished: Callable[[
                     ) from exc
                 finished(index.pop(ref), result)
     except BaseException:
-        pending = list(index)
         with signals_held():
-            for ref in pending:
-                ray.cancel(ref)
-            if pending:
-                ray.wait(pending, num_returns=len(pending), timeout=CLOSE_GRACE_S)
+            ray_connect.end_tasks(ray, list(index), CLOSE_GRACE_S)
         raise

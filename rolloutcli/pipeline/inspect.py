@@ -188,13 +188,16 @@ def _warnings(reader: RolloutReader, blowup: float, gae: dict[str, Any]) -> list
     schema = reader.schema
     path = reader.path
     found = []
-    if "last_values" not in schema.fields:
+    if "values" not in schema.fields:  # an import, offline data: whatever gae would need more is moot
+        found.append(
+            f"{path}: no 'values' (no critic): gae cannot run on this file; returns, nstep and batch "
+            "--transitions need none."
+        )
+    elif "last_values" not in schema.fields:
         found.append(
             f"{path}: no 'last_values': gae needs V(s_T) to bootstrap the rollout end; record it, or "
             "run gae with --last-values zero to treat the end as terminal."
         )
-    if "values" not in schema.fields:
-        found.append(f"{path}: no 'values': gae cannot run on this file.")
     if "time_outs" not in schema.fields:
         found.append(f"{path}: no 'time_outs': truncated episodes cannot be bootstrapped.")
     if blowup > BLOWUP_WARNING:

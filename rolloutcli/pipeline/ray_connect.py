@@ -12,6 +12,9 @@ Ray retries an absent cluster for minutes and writes its own log lines and trace
 (its C++ core writes to the process's stderr itself): the address (``--address``, or ``RAY_ADDRESS`` where Ray
 takes it over ``auto``) is probed first, within ``RAY_TIMEOUT_S``, and whatever Ray writes while it connects
 goes to a temporary file, dropped, so only our line reaches the user.
+
+A unit's task that is cancelled must end before the command removes or keeps the folder it writes into
+(``end_tasks``); Ray interrupts it through its SIGINT handler, which its worker may lack (``interruptible``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError, signals_held, stop_if_signalled
@@ -183,3 +186,52 @@ def _shutdown(ray: Any) -> None:
         ray.shutdown(wait_for_processes=True)  # returns once its GCS and raylet ended (the raylet ends its workers)
     except TypeError:  # an older Ray: no waiting
         ray.shutdown()
+
+
+def interruptible(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a Ray task's function that ``ray.cancel`` interrupts (KeyboardInterrupt: it removes what it
+    writes). Ray interrupts a running task with ``_thread.interrupt_main()``, which does nothing where SIGINT is
+    ignored, and a cluster started with SIGINT ignored (``ray start`` in a script's background job, where the
+    shell ignores it; a test run started so) has workers that inherit that: a cancelled task ran on to its end,
+    writing into the folder the failed command was removing. (A closure: cloudpickle sends ``fn`` with it, as
+    the driver sees it.)"""
+
+    def task(*args: Any) -> Any:
+        with _sigint_handled():
+            return fn(*args)
+
+    return task
+
+
+@contextlib.contextmanager
+def _sigint_handled() -> Iterator[None]:
+    """Python's SIGINT handler (KeyboardInterrupt) through the block where SIGINT is ignored or left to the
+    system; the process's own is put back after (an idle worker is as Ray made it)."""
+    inert = (signal.SIG_IGN, signal.SIG_DFL)
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) not in inert:
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def end_tasks(ray: Any, refs: list[Any], grace: float) -> None:
+    """Cancel the tasks of ``refs`` and return once each has ended, or after ``2 * grace`` seconds at most.
+
+    Ray resolves a running task's ref only when the task has returned (its ``finally`` blocks, which remove
+    what it writes, have run); a task not yet started is dropped at once. A running task is interrupted
+    (``interruptible``); one still running ``grace`` seconds later (it holds the interrupt back, or is inside a
+    C call that does not return) is killed with its worker (``force``: what it wrote stays as a temporary,
+    which a ``--resume`` removes) and waited for up to ``grace`` seconds more."""
+    if not refs:
+        return
+    for ref in refs:
+        ray.cancel(ref)
+    _, running = ray.wait(refs, num_returns=len(refs), timeout=grace, fetch_local=False)
+    for ref in running:
+        ray.cancel(ref, force=True)
+    if running:
+        ray.wait(running, num_returns=len(running), timeout=grace, fetch_local=False)
