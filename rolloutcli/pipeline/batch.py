@@ -260,13 +260,12 @@ def _shape(mode: str, fields: list[Field], T: int, N: int, plan: ShardPlan, shar
     return _shard_tensors(mode, plan, shard, rows, fields, T, N)
 
 
-def _job(
-    reader: RolloutReader, options: BatchOptions, dataset: DatasetFiles | None = None, side: Side | None = None
-) -> ExportJob:
-    """``batch``'s export job for this source or dataset (``reader``: its first file; checked against the options
-    first). A dataset is one source of ``T x sum(N)`` (files side by side along envs: recurrent, distillation) or,
-    feed-forward, of ``sum(T * N)`` rows (``1 x rows``: a feed-forward shard never looks at T or N). ``side``:
-    one side of a split (``batch_split.py``): the plan is made over its rows or envs alone."""
+def _planned(
+    reader: RolloutReader, options: BatchOptions, dataset: DatasetFiles | None, side: Side | None
+) -> tuple[BatchOptions, BatchPlan, int, int]:
+    """The options (M from ``--batch-size``) and the plan over the source's ``T x N``: a dataset is one source of
+    ``T x sum(N)`` (files side by side along envs: recurrent, distillation) or, feed-forward, of ``sum(T * N)``
+    rows (``1 x rows``: a feed-forward shard never looks at T or N); a side of a split: over its rows or envs."""
     sizes = dataset.sizes if dataset is not None else [(reader.T, reader.N)]
     many = len(sizes) > 1
     T, N = reader.T, sum(n for _, n in sizes)
@@ -278,7 +277,6 @@ def _job(
     _check_source(reader, options, *planned, whose)
     if options.batch_size is not None:
         options = replace(options, num_mini_batches=-(-_items(*planned, options.mode)[0] // options.batch_size))
-    fields = _fields(reader, options.mode)
     plan = plan_batches(
         options.mode,
         *planned,
@@ -290,6 +288,17 @@ def _job(
     )
     if side is not None:
         plan = side_plan(plan, T, N, side.rows, torch.tensor(side.envs, dtype=torch.int64))
+    return options, plan, T, N
+
+
+def _job(
+    reader: RolloutReader, options: BatchOptions, dataset: DatasetFiles | None = None, side: Side | None = None
+) -> ExportJob:
+    """``batch``'s export job for this source or dataset (``reader``: its first file; checked against the options
+    first; see :func:`_planned`). ``side``: one side of a split (``batch_split.py``)."""
+    many = dataset is not None and len(dataset.sizes) > 1
+    options, plan, T, N = _planned(reader, options, dataset, side)
+    fields = _fields(reader, options.mode)
     exported = any(f.name.startswith("distribution/") for f in fields)
     distribution = reader.distribution_order() if exported else []
     order = ORDER_TEXT[(options.mode, "shuffle" if options.shuffle_envs else options.rsl_parity)]
@@ -353,7 +362,7 @@ def run_batch(
     """
     with probed_once():  # a dataset's files are opened several times here: to check them, then to export them
         if hold_out is not None:
-            return _run_split(src, dst, options, run, overwrite, progress, engine, hold_out)
+            return _run_split(src, dst, options, run, hold_out, overwrite=overwrite, progress=progress, engine=engine)
         dataset = _check_dataset(src, options, run) if isinstance(src, list) else None
         if isinstance(options, HistoryOptions):
             prepare = partial(history_job, options=options, budget=run.max_memory)
@@ -366,27 +375,20 @@ def run_batch(
 
 
 def _run_split(
-    src: Path | list[Path],
-    dst: Path,
-    options: Any,
-    run: RunOptions,
-    overwrite: bool,
-    progress: Any,
-    engine: Any,
-    hold_out: HoldOut,
-) -> dict[str, Any]:
-    """``batch`` once per side of the split, into ``dst/train`` and ``dst/valid``, published together."""
+    src: Path | list[Path], dst: Path, options: Any, run: RunOptions, hold_out: HoldOut, **export: Any
+) -> dict:
+    """``batch`` once per side of the split, into ``dst/train`` and ``dst/valid``, published together;
+    ``export``: ``overwrite``, ``progress``, ``engine``."""
     hold_out.check(getattr(options, "mode", "history" if isinstance(options, HistoryOptions) else "transitions"))
     _check_options(options)
-    if options.rsl_parity:
-        raise usage("--rsl-parity: RSL-RL holds nothing out; drop --valid-fraction or --rsl-parity.")
+    hold_out.check_parity(options.rsl_parity)
     files = src if isinstance(src, list) else [src]
     dataset = _check_dataset(files, options, run) if len(files) > 1 else None
     sizes = dataset.sizes if dataset is not None else check_agreement(files, run.safety)
     sides = plan_sides(files, sizes, hold_out, run.safety)
+    overwrite = export.pop("overwrite")
 
     def each(folder: Path, side: Side) -> dict[str, Any]:
-        prepare = partial(_job, options=options, dataset=dataset, side=side)
-        return run_export(src, folder, prepare, run, progress=progress, engine=engine)
+        return run_export(src, folder, partial(_job, options=options, dataset=dataset, side=side), run, **export)
 
     return run_split_batch(files, dst, sides, each, overwrite)

@@ -49,6 +49,10 @@ class HoldOut:
                 "in its env; use --split-by env."
             )
 
+    def check_parity(self, parity: bool) -> None:
+        if parity:
+            raise _usage("--rsl-parity: RSL-RL holds nothing out; drop --valid-fraction or --rsl-parity.")
+
 
 def _usage(message: str) -> RolloutError:
     return RolloutError(message, exit_code=EXIT_USAGE)
@@ -105,6 +109,12 @@ def plan_sides(
             runs[side].append(Run(file, lane, t0, t1))
             if hold_out.by == "env":  # every run of a lane has one side
                 env_side[env_offsets[file] + lane] = side
+    for side, name in ((True, "validation"), (False, "training")):
+        if not runs[side] or all(run.t0 == run.t1 for run in runs[side]):
+            raise _usage(
+                f"--valid-fraction: the {name} side holds none of the {len(plan.episodes)} episodes "
+                f"({hold_out.by} split, seed {hold_out.seed}); change --valid-fraction or --seed."
+            )
     out = []
     for side in (False, True):
         episodes = [ep for ep in plan.episodes if valid(ep) == side]
