@@ -71,3 +71,19 @@ def test_every_target_gets_the_same_episodes(run, cli, tmp_path: Path, target: s
     for key in stitched:
         if not key.endswith("source_file"):  # the step's file index: 0-4 against 0
             np.testing.assert_array_equal(stitched[key], whole[key], err_msg=key)
+
+
+@pytest.mark.parametrize("target", ["minari", "d4rl"])
+def test_two_workers_give_the_same_bytes(run, cli, tmp_path: Path, target: str) -> None:
+    """The plan reads each file as a unit of the engine; one process writes: the same bytes as --workers 1."""
+    many, _ = run
+    name = "out-v0" if target == "minari" else "out.hdf5"
+    for workers in ("1", "2"):
+        (tmp_path / workers).mkdir()
+        args = ("--to", target, "-o", tmp_path / workers / name, "--workers", workers, "--valid-fraction", "0.3")
+        code, _, err = cli("export", *many, *args)
+        assert code == 0, err
+    one = sorted(p.relative_to(tmp_path / "1") for p in (tmp_path / "1").rglob("*") if p.is_file())
+    assert one == sorted(p.relative_to(tmp_path / "2") for p in (tmp_path / "2").rglob("*") if p.is_file())
+    for path in one:
+        assert (tmp_path / "1" / path).read_bytes() == (tmp_path / "2" / path).read_bytes(), path

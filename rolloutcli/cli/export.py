@@ -57,7 +57,7 @@ def render_export(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"done in {summary['seconds']:.2f} s")
 
 
-@with_common(overwrite=True)
+@with_common(overwrite=True, engine=True)
 def export(
     files: ReadFilesArg,
     to: Annotated[Target, typer.Option("--to", help="The target layout.")],
@@ -79,4 +79,4 @@ def export(
 
     output = need_output(output, "export", "an output path (-o OUT)")
     options = ExportOptions(to.value, partial_episodes, valid_fraction, split_by.value, seed)
-    common.write(render_export, output, run_export, files, output, options)
+    common.write(render_export, output, run_export, files, output, options, engine=common.engine)

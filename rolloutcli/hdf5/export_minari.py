@@ -93,8 +93,11 @@ def _outputs(plan: EpisodePlan) -> dict[str, tuple[str, np.dtype, tuple[int, ...
         if name.startswith("infos/"):
             if name == SOURCE_FILE:
                 raise RolloutError.field(
-                    plan.files[0], name, f"no field named {name} (the export keeps each step's file there)",
-                    "one", "Rename that info in the recording.",
+                    plan.files[0],
+                    name,
+                    f"no field named {name} (the export keeps each step's file there)",
+                    "one",
+                    "Rename that info in the recording.",
                 )
             out[name] = (name, dtype, shape, 0)
     out[SOURCE_FILE] = ("", np.dtype(np.int32), (), 0)
@@ -140,7 +143,10 @@ def _write(slot: _Slot, chunk: Chunk, outputs: dict, where: Path) -> None:
             values = chunk.rows[row][: chunk.steps if extra else stop - start]
         if values.shape[1:] != tuple(shape):
             raise RolloutError.field(
-                where, row, f"steps shaped {tuple(shape)} as in the first file", f"{values.shape[1:]}",
+                where,
+                row,
+                f"steps shaped {tuple(shape)} as in the first file",
+                f"{values.shape[1:]}",
                 "Export files of one recording setup together.",
             )
         if len(values):

@@ -385,7 +385,7 @@ def _run_split(
     files = src if isinstance(src, list) else [src]
     dataset = _check_dataset(files, options, run) if len(files) > 1 else None
     sizes = dataset.sizes if dataset is not None else check_agreement(files, run.safety)
-    sides = plan_sides(files, sizes, hold_out, run.safety)
+    sides = plan_sides(files, sizes, hold_out, run, export.get("engine"))
     overwrite = export.pop("overwrite")
 
     def each(folder: Path, side: Side) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from rolloutcli.core.split_rows import Run, SideRows
 from rolloutcli.dataset import resolve
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
-from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.shards import is_shard_folder
 from rolloutcli.pipeline.episode_plan import Episode, EpisodePlan
 from rolloutcli.pipeline.episodes import plan_episodes
@@ -93,11 +92,13 @@ def _lanes(plan: EpisodePlan, valid: Callable[[Episode], bool], index: dict[Path
 
 
 def plan_sides(
-    files: list[Path], sizes: list[tuple[int, int]], hold_out: HoldOut, safety: SafetyOptions | None
+    files: list[Path], sizes: list[tuple[int, int]], hold_out: HoldOut, run: Any, engine: Any
 ) -> tuple[Side, Side]:
-    """The two sides of a dataset (``files`` in dataset order, ``sizes`` their ``(T, N)``)."""
+    """The two sides of a dataset (``files`` in dataset order, ``sizes`` their ``(T, N)``; ``run``: the command's
+    RunOptions; ``engine``: where each file is read for the plan)."""
+    safety, budget = run.safety, run.max_memory
     dataset = resolve(files)
-    plan = plan_episodes(list(dataset.files), dataset.names, partial=True, safety=safety)
+    plan = plan_episodes(list(dataset.files), dataset.names, partial=True, safety=safety, budget=budget, engine=engine)
     valid = splitter(plan, hold_out.fraction, hold_out.by, hold_out.seed)
     assert valid is not None
     index = {path: i for i, path in enumerate(files)}

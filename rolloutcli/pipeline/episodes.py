@@ -18,11 +18,12 @@ import numpy as np
 import xxhash
 
 from rolloutcli.core.episodes import Segment, lane_segments
-from rolloutcli.dataset import check_agrees, dataset_reader, reader_signature
+from rolloutcli.dataset import check_agrees, dataset_reader, reader_signature, signature
 from rolloutcli.errors import RolloutError
 from rolloutcli.fields import AUTORESET
 from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, SafetyOptions
 from rolloutcli.hdf5.reader import RolloutReader
+from rolloutcli.pipeline.engine import EngineOptions, run_units
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
 
 _FIX_ORDER = "Add the missing file, or export the files of each part of the recording separately."
@@ -254,21 +255,27 @@ def plan_episodes(
     partial: bool = False,
     safety: SafetyOptions | None = None,
     budget: int = DEFAULT_MAX_MEMORY,
+    engine: EngineOptions | None = None,
 ) -> EpisodePlan:
     """The plan of ``files`` (a dataset, in its sorted order; ``names``: their names relative to its root),
-    each file's values checked in blocks of at most ``budget`` bytes.
+    each file read (its values checked in blocks of at most ``budget`` bytes) as a unit of ``engine``.
 
     Raises:
         RolloutError: exit 1 for files whose fields disagree, a repeated or missing ``recording_index`` in a
             recording, or a file that does not continue the one before it (naming both files and the env).
     """
-    facts, signatures = [], []
-    for path in files:
-        f, sig = _facts(path, safety, budget)
-        if signatures:
-            check_agrees(files[0], signatures[0], path, sig)
-        facts.append(f)
-        signatures.append(sig)
+    found, digests, first = {}, {}, {}
+
+    def done(index: int, result: tuple[_File, dict]) -> None:  # in any order; a digest kept, not the fields
+        found[index], digests[index] = result[0], hash(repr(sorted(result[1].items())))
+        if index == 0:
+            first.update(result[1])
+
+    run_units([(_facts, (path, safety, budget)) for path in files], engine or EngineOptions(), done)
+    for i in range(1, len(files)):
+        if digests[i] != digests[0]:  # the fields again, for the one-line error naming both files
+            check_agrees(files[0], first, files[i], signature(files[i], safety)[0])
+    facts = [found[i] for i in range(len(files))]
     found: list[tuple[_Open, tuple]] = []
     plan_files: list[Path] = []
     standalone = {}

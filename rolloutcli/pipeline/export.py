@@ -90,15 +90,17 @@ def run_export(
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
+    engine: Any = None,
 ) -> dict[str, Any]:
-    """Export the episodes of the dataset ``files`` to ``dst``; the summary."""
+    """Export the episodes of the dataset ``files`` to ``dst``; the summary. ``engine``: where each file is read
+    for the plan (its flags, values and first and last observations); one process writes the output."""
     options.check()
     progress = progress or Progress()
     started = time.monotonic()
     dataset = resolve(files)
     write, kind = _writer(options.target)
     plan = plan_episodes(
-        dataset.files, dataset.names, partial=options.partial, safety=run.safety, budget=run.max_memory
+        dataset.files, dataset.names, partial=options.partial, safety=run.safety, budget=run.max_memory, engine=engine
     )
     if not plan.episodes:
         raise RolloutError(

@@ -39,7 +39,8 @@ def dataset_ids(dst: Path, split: bool) -> list[str]:
         cleaned = re.sub(r"[^-_\w]", "_", name.split("-v")[0]) or "dataset"
         example = cleaned if split else f"{cleaned}-v0"
         raise RolloutError.field(
-            dst, "-o",
+            dst,
+            "-o",
             f"{wanted} (letters, digits, '-', '_'; at most {MAX_NAME_BYTES} bytes), since minari.load_dataset "
             "finds a dataset by its folder name",
             repr(name),
@@ -60,7 +61,10 @@ def _box(dtype: np.dtype, shape: tuple[int, ...], where: str, field: str) -> dic
         low, high = False, True
     else:
         raise RolloutError.field(
-            where, field, "numbers or booleans (a Box space)", f"dtype {dtype}",
+            where,
+            field,
+            "numbers or booleans (a Box space)",
+            f"dtype {dtype}",
             "Leave this field out of the recording or convert it to numbers.",
         )
     full = np.full(shape, low, dtype=dtype), np.full(shape, high, dtype=dtype)
@@ -71,7 +75,10 @@ def observation_space(plan: EpisodePlan, where: str) -> dict[str, Any]:
     """One observation group: its Box. Several: a Dict space, nested where keys hold ``/``."""
     if not plan.observations:
         raise RolloutError.field(
-            where, "observations", "at least one observation group", "none",
+            where,
+            "observations",
+            "at least one observation group",
+            "none",
             "Export a recording with observations/<key> datasets.",
         )
     if len(plan.observations) == 1:
