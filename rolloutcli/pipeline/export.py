@@ -18,7 +18,7 @@ from typing import Any
 from rolloutcli.core.episodes import valid_side
 from rolloutcli.dataset import file_hash, resolve
 from rolloutcli.errors import EXIT_USAGE, RolloutError
-from rolloutcli.hdf5.atomic import atomic_file, atomic_folder
+from rolloutcli.hdf5.atomic import atomic_file, atomic_folder, check_output_path
 from rolloutcli.hdf5.export_marker import MARK, is_export_folder
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
 from rolloutcli.pipeline.episodes import plan_episodes, read_chunks
@@ -99,6 +99,10 @@ def run_export(
     started = time.monotonic()
     dataset = resolve(files)
     write, kind = _writer(options.target)
+    inputs, folder = list(dataset.files), kind(options.valid_fraction > 0) == "folder"
+    # an output in the way is refused before the files are read (and again at publish)
+    owner = {"kind": "folder", "owned": is_export_folder, "mark": MARK} if folder else {}
+    check_output_path(dst, inputs, overwrite=overwrite, **owner)
     plan = plan_episodes(
         dataset.files, dataset.names, partial=options.partial, safety=run.safety, budget=run.max_memory, engine=engine
     )
@@ -108,8 +112,7 @@ def run_export(
             f"({plan.partial} partial). Record longer, or keep partial episodes with --partial-episodes."
         )
     valid = splitter(plan, options.valid_fraction, options.split_by, options.seed)
-    inputs = list(dataset.files)
-    if kind(valid is not None) == "folder":  # --overwrite replaces a folder only where an export of ours is
+    if folder:  # --overwrite replaces a folder only where an export of ours is
         publish = atomic_folder(dst, inputs=inputs, overwrite=overwrite, owned=is_export_folder, mark=MARK)
     else:
         publish = atomic_file(dst, inputs=inputs, overwrite=overwrite)
