@@ -9,9 +9,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from rollout_factory import make_rollout
+from test_episodes import cut, long_recording
 
 from rolloutcli.pipeline.episodes import plan_episodes
-from tests.test_episodes import cut, long_recording
 
 KEYS = ("policy", "critic")
 
@@ -78,3 +79,17 @@ def test_export_equals_the_long_recording(tmp_path: Path, cli, target: str) -> N
     with h5py.File(tmp_path / "back.h5", "r") as f:
         assert f["dones"][()].sum() == len(plan.episodes)
         np.testing.assert_array_equal(f["observations/policy"][:, 0], np.concatenate([e["obs/policy"] for e in got]))
+
+
+@pytest.mark.parametrize("target", ["minari", "robomimic", "d4rl"])
+def test_nothing_to_export_is_refused(tmp_path: Path, cli, target: str) -> None:
+    """One step whose next observation was not recorded: no target can hold it, and no empty output is made
+    (found by the hypothesis table of tests/test_promises_input.py: robomimic tracebacked on an empty file)."""
+    src = make_rollout(tmp_path / "in.h5", T=1, N=1, hidden=None)
+    code, _, err = cli("export", src, "--to", target, "-o", tmp_path / "out-v0", "--partial-episodes")
+    assert code == 1 and err.strip() == (
+        f"error: {src}: field 'observations': expected an episode with a step to export (two steps, or the "
+        "observation after its step recorded), found 1 one-step episodes without it. Record final_observations "
+        "and last_observations, or longer episodes."
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.h5"]

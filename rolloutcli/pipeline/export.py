@@ -111,6 +111,12 @@ def run_export(
             f"{dataset.files[0]}: field 'dones': expected at least one whole episode, found none "
             f"({plan.partial} partial). Record longer, or keep partial episodes with --partial-episodes."
         )
+    if all(ep.steps == 1 and not ep.has_next for ep in plan.episodes):  # every target needs the next observation
+        raise RolloutError(
+            f"{dataset.files[0]}: field 'observations': expected an episode with a step to export (two steps, or "
+            f"the observation after its step recorded), found {len(plan.episodes)} one-step episodes without it. "
+            "Record final_observations and last_observations, or longer episodes."
+        )
     valid = splitter(plan, options.valid_fraction, options.split_by, options.seed)
     if folder:  # --overwrite replaces a folder only where an export of ours is
         publish = atomic_folder(dst, inputs=inputs, overwrite=overwrite, owned=is_export_folder, mark=MARK)
