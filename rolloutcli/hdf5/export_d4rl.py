@@ -28,12 +28,9 @@ from rolloutcli.hdf5.export_steps import (
     file_names,
     kept_steps,
     new_file,
-    next_observation,
-    rows_before,
-    rows_in,
     split_side,
     warnings,
-    write_rows,
+    write_steps,
 )
 from rolloutcli.hdf5.writer import RolloutOutput
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
@@ -147,16 +144,9 @@ def _set_rows(h5: RolloutOutput, name: str, rows: int, where: list[int], block: 
 
 def _write_chunk(out: Path, h5: RolloutOutput, chunk: Chunk, base: int, names: dict[str, tuple[str, str]]) -> int:
     """Write the chunk's kept steps at their rows (``base``: its episode's first row); how many it added."""
-    n = kept_steps(chunk.episode)
-    src, dst = rows_in(chunk, n)
-    before_src, before_dst = rows_before(chunk, n)
-    for key, (obs, next_obs) in names.items():
-        rows = chunk.rows[f"observations/{key}"]
-        write_rows(h5, obs, base + dst.start, rows[src])
-        write_rows(h5, next_obs, base + before_dst.start, rows[before_src])
-        if chunk.last and chunk.episode.has_next:
-            h5.write(next_obs, (base + n - 1,), next_observation(out, chunk, key))
-    for name in ("actions", "rewards"):
-        write_rows(h5, name, base + dst.start, chunk.rows[name][src])
-    write_rows(h5, "infos/source_file", base + dst.start, np.full(src.stop, chunk.file, np.int32))
-    return src.stop
+    flat = {"actions": "actions", "rewards": "rewards", "source_file": "infos/source_file"}
+
+    def place(role: str, key: str | None = None) -> str:
+        return flat[role] if key is None else names[key][role == "next_obs"]
+
+    return write_steps(out, h5, chunk, kept_steps(chunk.episode), base, list(names), place).stop

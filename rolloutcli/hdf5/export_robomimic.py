@@ -28,12 +28,10 @@ from rolloutcli.hdf5.export_steps import (
     file_names,
     kept_steps,
     new_file,
-    next_observation,
-    rows_before,
-    rows_in,
     split_side,
     warnings,
     write_rows,
+    write_steps,
 )
 from rolloutcli.hdf5.writer import RolloutOutput
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
@@ -116,21 +114,15 @@ def _create(h5: RolloutOutput, plan: EpisodePlan, episode: Episode, demo: _Demo)
 def _write_chunk(out: Path, h5: RolloutOutput, chunk: Chunk, demo: _Demo, keys: list[str]) -> int:
     """Write the chunk's kept steps at their place in its demo; how many steps it added."""
     episode, n = chunk.episode, demo.steps
-    src, dst = rows_in(chunk, n)
-    before_src, before_dst = rows_before(chunk, n)
-    for key in keys:
-        rows = chunk.rows[f"observations/{key}"]
-        write_rows(h5, f"{demo.name}/obs/{key}", dst.start, rows[src])
-        write_rows(h5, f"{demo.name}/next_obs/{key}", before_dst.start, rows[before_src])
-        if chunk.last and episode.has_next:
-            h5.write(f"{demo.name}/next_obs/{key}", (n - 1,), next_observation(out, chunk, key))
-    for name in ("actions", "rewards"):
-        write_rows(h5, f"{demo.name}/{name}", dst.start, chunk.rows[name][src])
+
+    def place(role: str, key: str | None = None) -> str:
+        return f"{demo.name}/{role}" if key is None else f"{demo.name}/{role}/{key}"
+
+    src = write_steps(out, h5, chunk, n, 0, keys, place)
     dones = np.zeros(src.stop, np.uint8)
     if src.stop and chunk.last and episode.has_next and episode.terminated:
         dones[-1] = 1  # robomimic's done: the task ended here (not a time-out, not a cut)
-    write_rows(h5, f"{demo.name}/dones", dst.start, dones)
-    write_rows(h5, f"{demo.name}/source_file", dst.start, np.full(src.stop, chunk.file, np.int32))
+    write_rows(h5, f"{demo.name}/dones", chunk.offset, dones)
     if chunk.last:  # an episode's chunks come in order: its demo is complete
         names = [f"{demo.name}/{p}/{key}" for p in ("obs", "next_obs") for key in keys]
         h5.release([*names, *(f"{demo.name}/{n}" for n in ("actions", "rewards", "dones", "source_file"))])

@@ -136,6 +136,27 @@ def new_file(path: Path, label: Path, target: str) -> Iterator[RolloutOutput]:
         yield out
 
 
+def write_steps(
+    out: Path, h5: RolloutOutput, chunk: Chunk, kept: int, base: int, keys: list[str], place: Callable[..., str]
+) -> slice:
+    """Write a chunk's kept steps at row ``base`` + step: each observation, the one after it (the next row's, or the
+    recorded one after the episode's last step), actions, rewards and the step's source file. ``place(role[, key])``
+    names the dataset of ``obs``/``next_obs`` (with a key), ``actions``, ``rewards``, ``source_file``. Returns the
+    chunk's rows written."""
+    src, dst = rows_in(chunk, kept)
+    before_src, before_dst = rows_before(chunk, kept)
+    for key in keys:
+        rows = chunk.rows[f"observations/{key}"]
+        write_rows(h5, place("obs", key), base + dst.start, rows[src])
+        write_rows(h5, place("next_obs", key), base + before_dst.start, rows[before_src])
+        if chunk.last and chunk.episode.has_next:
+            h5.write(place("next_obs", key), (base + kept - 1,), next_observation(out, chunk, key))
+    for name in ("actions", "rewards"):
+        write_rows(h5, place(name), base + dst.start, chunk.rows[name][src])
+    write_rows(h5, place("source_file"), base + dst.start, np.full(src.stop, chunk.file, np.int32))
+    return src
+
+
 def write_rows(out: RolloutOutput, name: str, first: int, rows: np.ndarray) -> None:
     if len(rows):
         out.write(name, (slice(first, first + len(rows)),), rows)
