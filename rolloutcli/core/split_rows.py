@@ -47,7 +47,6 @@ class SideRows:
         lengths = self._t1 - t0
         self._prefix = np.concatenate([[0], np.cumsum(lengths)])
         self.count = int(self._prefix[-1])
-        self.total = int(row_offsets[-1])
 
     def rows(self, numbers: torch.Tensor) -> torch.Tensor:
         """The dataset row of each side row number (``0 <= number < count``)."""
@@ -81,10 +80,6 @@ class SideOrder:
     def key(self) -> int:
         return self.order.key
 
-    @property
-    def n(self) -> int:
-        return self.order.n
-
     def rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         return self.side.rows(self.order.rows(start, stop))
 
@@ -94,6 +89,3 @@ class SideOrder:
         out = torch.full_like(numbers, -1)
         out[kept] = self.order.positions(numbers[kept])
         return out
-
-    def record(self) -> dict[str, int | str]:
-        return self.order.record()

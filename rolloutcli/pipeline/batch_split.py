@@ -65,9 +65,7 @@ class Side:
     name: str
     rows: SideRows
     envs: list[int]
-    episodes: int = 0
-    steps: int = 0
-    record: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, Any] = field(default_factory=dict)  # the manifest's and summary's "split"
 
 
 def _covering(runs: list[tuple[int, int, bool]], T: int) -> list[tuple[int, int, bool]]:
@@ -124,7 +122,7 @@ def plan_sides(
         rows = SideRows(sizes, runs[side])
         lanes = len({(ep.recording, ep.lane) for ep in episodes})  # an env of a recording, over all its files
         record |= {"episodes": len(episodes), "rows": rows.count, "envs": lanes if hold_out.by == "env" else None}
-        out.append(Side(SIDES[side], rows, envs, len(episodes), rows.count, record))
+        out.append(Side(SIDES[side], rows, envs, record))
     return out[0], out[1]
 
 
