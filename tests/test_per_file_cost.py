@@ -15,6 +15,7 @@ from rolloutcli.hdf5 import reader as reader_module
 from rolloutcli.hdf5 import safety
 from rolloutcli.hdf5.identity import path_identity
 from rolloutcli.hdf5.limits import SafetyOptions
+from rolloutcli.hdf5.probe import Probed
 from rolloutcli.hdf5.reader import RolloutReader, kept_open
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the probe needs fork")
@@ -35,7 +36,7 @@ def test_a_file_the_probe_found_clean_is_not_audited_again(tmp_path: Path, audit
         pass
     assert audited == []
     # the probe vouches for another file (it changed between the probe and the open): audited here
-    monkeypatch.setattr(safety, "probe_metadata", lambda path, options: [0, 0, 0, 0, 0])
+    monkeypatch.setattr(safety, "probe_metadata", lambda path, options: Probed([0, 0, 0, 0, 0], None))
     with safety.open_hdf5(path):
         pass
     assert audited == [path]
@@ -53,8 +54,8 @@ def test_the_probe_audits_under_the_callers_options(tmp_path: Path, audited: lis
 def test_kept_open_opens_an_unchanged_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = make_rollout(tmp_path / "r.h5")
     opened: list[Path] = []
-    real = reader_module.open_hdf5
-    monkeypatch.setattr(reader_module, "open_hdf5", lambda p, o=None: opened.append(p) or real(p, o))
+    real = reader_module.open_listed
+    monkeypatch.setattr(reader_module, "open_listed", lambda p, o=None: opened.append(p) or real(p, o))
     with kept_open():
         with RolloutReader(path, check=False) as first:
             rewards = first.array("rewards")
@@ -113,11 +114,11 @@ def test_a_file_probed_ahead_is_not_probed_again_unless_it_changed(tmp_path: Pat
 
     path = make_rollout(tmp_path / "r.h5")
     probe.probe_ahead(path)
-    assert probe.probe_metadata(path) == path_identity(path)
+    assert probe.probe_metadata(path).clean == path_identity(path)
     assert asked == [(str(path), "rolloutcli-probe-ahead")]
     probe.probe_ahead(path)
     os.utime(path, ns=(1, 1))  # another file now: the answer ahead is not taken
-    assert probe.probe_metadata(path) == path_identity(path)
+    assert probe.probe_metadata(path).clean == path_identity(path)
     _ahead_done()
     assert sorted(asked) == [(str(path), "MainThread"), *[(str(path), "rolloutcli-probe-ahead")] * 2]
     probe.probe_ahead(tmp_path)  # not a file: nothing is asked (the open refuses it)

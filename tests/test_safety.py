@@ -390,7 +390,12 @@ def test_shared_helper_answers_only_its_own_user(tmp_path: Path) -> None:
         os.waitpid(pid, 0)
         return data
 
-    assert json.loads(ask(None).removeprefix(b"answer:")) == {"status": "ok", "clean": path_identity(path)}
+    answer = json.loads(ask(None).removeprefix(b"answer:"))
+    assert (answer["status"], answer["clean"], "rewards" in answer["listing"]["datasets"]) == (
+        "ok",
+        path_identity(path),
+        True,
+    )
     # the behaviour, not the errno: closed before the request is sent (BrokenPipeError), before it is read
     # (ConnectionResetError) or after (EOFError), never answered
     assert ask(65534) == b"answer:closed"
@@ -407,6 +412,7 @@ def test_helper_that_cannot_listen_still_serves_its_owner(tmp_path: Path, monkey
     monkeypatch.setattr(probe, "_HELPER", None)
     assert probe.shared_env() == {}
     request = {"path": str(path), "options": {}, "timeout": 5.0}
-    assert probe._ask(request, 20.0) == {"status": "ok", "clean": path_identity(path)}
+    answer = probe._ask(request, 20.0)
+    assert answer is not None and (answer["status"], answer["clean"]) == ("ok", path_identity(path))
     assert probe._HELPER is not None and probe._HELPER.process.poll() is None
     probe._stop_helper()

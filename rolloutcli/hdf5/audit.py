@@ -25,6 +25,7 @@ ALLOWED_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 6: "scaleoffset", 3
 PLUGIN_FILTERS = {307: "bzip2", 32001: "blosc", 32004: "lz4", 32008: "bitshuffle", 32013: "zfp", 32015: "zstd",
                   32026: "blosc2"}  # fmt: skip
 FLETCHER32_BYTES = 4  # a fletcher32 chunk shorter than its checksum crashes libhdf5 when read
+LAYOUT_KINDS = "biufcSUOV"  # dtype kinds whose layout (sizes, filters, chunk index) the audit checks
 
 
 def _filter_ids(dataset: h5py.Dataset) -> list[int]:
@@ -35,7 +36,7 @@ def _filter_ids(dataset: h5py.Dataset) -> list[int]:
 def _dataset_problem(dataset: h5py.Dataset, path: Path, options: SafetyOptions) -> str | None:
     """What makes reading ``dataset`` unsafe (the first problem found), or None."""
     problem = _storage_problem(path, dataset, options.allow_external)
-    if problem is None and dataset.dtype.kind in "biufcSUOV":
+    if problem is None and dataset.dtype.kind in LAYOUT_KINDS:
         problem = _layout_problem(dataset, options)
     return problem
 
@@ -90,7 +91,7 @@ def _layout_problem(dataset: h5py.Dataset, options: SafetyOptions) -> str | None
                 f"expected chunks of at most {options.max_chunk_bytes} bytes, found chunks of {chunk_bytes} bytes "
                 f"({dataset.chunks}); refusing (decompression bomb). Re-save with smaller chunks."
             )
-        short, end = _chunk_extent(dataset)
+        short, end = chunk_extent(dataset.id)
         if filters and short is not None and short < FLETCHER32_BYTES:
             return (
                 f"expected filtered chunks of at least {FLETCHER32_BYTES} bytes, found a stored chunk of {short} "
@@ -127,7 +128,7 @@ def _special_file(path: Path, name: str | bytes) -> str | None:
     return None
 
 
-def _chunk_extent(dataset: h5py.Dataset) -> tuple[int | None, int]:
+def chunk_extent(dataset: h5py.h5d.DatasetID) -> tuple[int | None, int]:
     """(smallest stored chunk size or None when no chunk is allocated, end offset of the last stored byte)."""
     smallest: list[int | None] = [None]
     end = [0]
@@ -139,16 +140,18 @@ def _chunk_extent(dataset: h5py.Dataset) -> tuple[int | None, int]:
         end[0] = max(end[0], info.byte_offset + info.size)
 
     try:
-        dataset.id.chunk_iter(visit)
+        dataset.chunk_iter(visit)
     except AttributeError:  # older libhdf5 without H5Dchunk_iter
-        for index in range(dataset.id.get_num_chunks()):
-            visit(dataset.id.get_chunk_info(index))
+        for index in range(dataset.get_num_chunks()):
+            visit(dataset.get_chunk_info(index))
     return smallest[0], end[0]
 
 
-def audit_file(path: Path, handle: h5py.File, options: SafetyOptions) -> None:
-    """Walk every link from the root; raise ``RolloutError`` (exit 4) listing every unsafe object."""
+def audit_file(path: Path, handle: h5py.File, options: SafetyOptions) -> dict[str, h5py.HLObject]:
+    """Walk every link from the root; raise ``RolloutError`` (exit 4) listing every unsafe object. Return the
+    objects of the hard links, by name (the metadata probe goes on with them)."""
     unsafe: list[str] = []
+    objects: dict[str, h5py.HLObject] = {}
     datasets: list[str] = []
 
     def visit(name: str, link: h5py.HardLink | h5py.SoftLink | h5py.ExternalLink) -> None:
@@ -173,7 +176,7 @@ def audit_file(path: Path, handle: h5py.File, options: SafetyOptions) -> None:
     groups = {"": h5py.h5o.get_info(handle.id).addr}
     for name in datasets:
         # Only hard links remain here, so opening them cannot leave the file.
-        obj = handle.get(name, getlink=False)
+        obj = objects[name] = handle.get(name, getlink=False)
         if isinstance(obj, h5py.Dataset) and (problem := _dataset_problem(obj, path, options)):
             unsafe.append(f"{path}: field '{name}': {problem}")
         elif isinstance(obj, h5py.Group):
@@ -188,3 +191,4 @@ def audit_file(path: Path, handle: h5py.File, options: SafetyOptions) -> None:
             groups[name] = address
     if unsafe:
         raise RolloutError.many(path, unsafe, exit_code=EXIT_UNSAFE)
+    return objects

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError
 from rolloutcli.hdf5.identity import path_identity
@@ -47,28 +47,35 @@ SHARED_ENV = "ROLLOUTCLI_PROBE_HELPER"  # the socket name of a helper this proce
 HELPER_CODE = "from rolloutcli.hdf5.probe_helper import serve; serve()"  # what the helper interpreter runs
 
 
-def probe_metadata(
-    path: Path | str, options: SafetyOptions | None = None, timeout: float | None = None
-) -> list[int] | None:
-    """Raise ``RolloutError`` (exit 1) when reading ``path``'s metadata crashes or hangs libhdf5; else return the
-    identity (``identity.identity``) of the file the prober's audit found clean under ``options``, or None.
+class Probed(NamedTuple):
+    """A probe's verdict on a sound file: the identity of the file the prober's audit found clean under the
+    options (None: not clean, or not probed), and the listing it read (``listing.to_json``'s; None: none)."""
 
-    The caller need not audit a file it opened with that identity again. Other problems (not HDF5, unsafe links,
-    corrupt metadata that raises an error) are left to the caller, which finds them again with proper messages.
-    Where no helper can run (no ``fork``), nothing is probed.
+    clean: list[int] | None
+    listing: dict[str, Any] | None
+
+
+def probe_metadata(path: Path | str, options: SafetyOptions | None = None, timeout: float | None = None) -> Probed:
+    """Raise ``RolloutError`` (exit 1) when reading ``path``'s metadata crashes or hangs libhdf5; else return what
+    the prober found (``Probed``).
+
+    The caller need not audit a file it opened with the ``clean`` identity again, nor list it. Other problems (not
+    HDF5, unsafe links, corrupt metadata that raises an error) are left to the caller, which finds them again
+    with proper messages. Where no helper can run (no ``fork``), nothing is probed.
     """
     request, key = _request(path, options, timeout)
     if request is None:
-        return None
+        return Probed(None, None)
     if _PROBED is not None and key in _PROBED:
-        return _PROBED[key]
+        return Probed(_PROBED[key], None)  # the listing is not kept: memory stays flat in the files probed
     ahead = _AHEAD.pop(key, None)
     answer = ahead.answer() if ahead is not None else _ask(request, _deadline(request))
-    if answer is None or answer["status"] == "ok":
-        clean = answer.get("clean") if answer is not None else None
-        if answer is not None and _PROBED is not None and len(key) > 2:
-            _PROBED[key] = clean
-        return clean  # None from no helper (it is not the file's fault): the caller reads and audits the file
+    if answer is None:
+        return Probed(None, None)  # no helper (it is not the file's fault): the caller reads and audits the file
+    if answer["status"] == "ok":
+        if _PROBED is not None and len(key) > 2:
+            _PROBED[key] = answer.get("clean")
+        return Probed(answer.get("clean"), answer.get("listing"))
     if answer["status"] == "timeout":
         raise RolloutError(
             f"{path}: reading the file's metadata did not finish in {request['timeout']:.0f} s (libhdf5 loops "

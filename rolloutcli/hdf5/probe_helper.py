@@ -28,6 +28,7 @@ from rolloutcli.hdf5.identity import identity
 from rolloutcli.pipeline.lifeline import die_with_parent, loaded_prctl
 
 VLEN_PROBE_BYTES = 64 << 20  # variable-length datasets up to this declared size are read by the probe
+LISTING_BYTES = 48 << 10  # a longer listing is not sent (the client reads answers of up to 64 KiB)
 PROBER_SLACK = 5.0  # seconds past a file's alarm before the helper kills a prober that is still alive itself
 
 
@@ -97,9 +98,9 @@ _PROBERS: set[int] = set()  # the live probers' pids, killed when the helper end
 
 class _Prober:
     """A child of the helper that reads the metadata of file after file, each under its own deadline, and answers
-    after each (JSON: the identity of the file its audit found clean, or null). (Not a ``concurrent.futures``
-    pool: its worker cannot be killed at one file's deadline, and a crash breaks the pool.) Idle, it waits on its
-    socket; it ends when the helper closes it or goes away."""
+    after each (JSON: the identity of the file its audit found clean and its listing, or null). (Not a
+    ``concurrent.futures`` pool: its worker cannot be killed at one file's deadline, and a crash breaks the
+    pool.) Idle, it waits on its socket; it ends when the helper closes it or goes away."""
 
     def __init__(self) -> None:
         # the socket pair is made and the prober's end closed under the lock, so no other prober forked by another
@@ -121,16 +122,17 @@ class _Prober:
         _PROBERS.add(pid)
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``{"status": "ok" | "timeout" | "signal", "signal": name, "clean": identity}`` for one file (``clean``:
-        the audit found the file with that identity clean); ``ended`` is set when the prober did not answer (it
+        """``{"status": "ok" | "timeout" | "signal", "signal": name, "clean": identity, "listing": ...}`` for one
+        file (``clean``: the audit found the file with that identity clean; ``listing``: ``listing.to_json``'s);
+        ``ended`` is set when the prober did not answer (it
         is then gone, and the status says how it ended)."""
         overran = False
         with contextlib.suppress(OSError, EOFError, ValueError):
             self.connection.send_bytes(json.dumps(request).encode())
             # its own alarm ends it at the file's deadline; this wait is the backstop (a stopped prober)
             if self.connection.poll(_alarm(float(request["timeout"])) + PROBER_SLACK):
-                clean = json.loads(self.connection.recv_bytes())  # or end-of-file when it died (EOFError)
-                return {"status": "ok", "clean": clean}
+                found = json.loads(self.connection.recv_bytes())  # or end-of-file when it died (EOFError)
+                return {"status": "ok", **(found or {})}
             overran = True
         return self.end(overran)
 
@@ -163,45 +165,62 @@ def _read_requests(connection: Connection) -> None:
             while True:
                 request = json.loads(connection.recv_bytes())
                 signal.alarm(_alarm(float(request["timeout"])))
-                clean = None
+                found = None
                 with contextlib.suppress(BaseException):
-                    clean = _read_metadata(Path(request["path"]), request)
+                    found = _read_metadata(Path(request["path"]), request)
                 signal.alarm(0)
-                connection.send_bytes(json.dumps(clean).encode())
+                connection.send_bytes(json.dumps(found).encode())
     finally:
         os._exit(0)
 
 
-def _read_metadata(path: Path, request: dict[str, Any]) -> list[int] | None:
-    """In the prober: open, audit, then touch what commands read from the metadata (hard links). The identity of
-    the file it read (``probe.identity``) when the audit under the request's options found it clean, else None."""
+def _read_metadata(path: Path, request: dict[str, Any]) -> dict[str, Any] | None:
+    """In the prober: open, audit, then touch what commands read from the metadata (hard links). When the audit
+    under the request's options found the file clean: the identity of the file it read (``probe.identity``) and
+    its listing (``listing.to_json``, None when JSON cannot hold it); else None."""
     import h5py
 
-    from rolloutcli.hdf5.audit import audit_file
     from rolloutcli.hdf5.limits import SafetyOptions
+    from rolloutcli.hdf5.listing import to_json
+    from rolloutcli.hdf5.probe_walk import quick_walk
 
+    options = SafetyOptions(**request["options"])
     with h5py.File(path, "r") as handle:
-        try:
-            audit_file(path, handle, SafetyOptions(**request["options"]))
-        except RolloutError:
+        found = quick_walk(handle, options) or _full_walk(path, handle, options)
+        if found is None:
             return None  # refused: the caller refuses it too, without reading more
-        names: list[str] = []
-        handle.visititems_links(lambda name, link: names.append(name) if isinstance(link, h5py.HardLink) else None)
-        objects = [handle, *(handle[name] for name in names)]
-        # split copies committed datatypes object by object (H5Ocopy), which crashes on some corrupt ones
-        types = [obj for obj in objects if isinstance(obj, h5py.Datatype)]
-        if types:
-            with h5py.File("probe", "w", driver="core", backing_store=False) as scratch:
-                for obj in types:
-                    handle.copy(obj, scratch, name=str(len(scratch)))
-        for obj in objects:
-            for key in obj.attrs:
-                obj.attrs[key]  # variable-length strings live in the global heap
-            if not isinstance(obj, h5py.Dataset) or obj.external or obj.is_virtual:
-                continue
-            if obj.chunks is not None:
-                obj.id.chunk_iter(lambda info: None)  # walks the chunk index
-            if h5py.check_vlen_dtype(obj.dtype) is not None or obj.dtype.kind == "O":
-                if obj.size * obj.dtype.itemsize <= VLEN_PROBE_BYTES:
-                    obj[()]
-        return identity(os.fstat(handle.id.get_vfd_handle()))
+        listing = to_json(found)
+        if listing is not None and len(json.dumps(listing)) > LISTING_BYTES:
+            listing = None
+        return {"clean": identity(os.fstat(handle.id.get_vfd_handle())), "listing": listing}
+
+
+def _full_walk(path: Path, handle: Any, options: Any) -> Any:
+    """The walk of a file the quick one does not vouch for: the audit, then every hard link's metadata. Its
+    listing, or None when the audit refuses the file."""
+    import h5py
+
+    from rolloutcli.hdf5.audit import LAYOUT_KINDS, audit_file
+    from rolloutcli.hdf5.listing import Listing, list_datasets, read_attrs
+
+    try:
+        objects = audit_file(path, handle, options)
+    except RolloutError:
+        return None
+    # split copies committed datatypes object by object (H5Ocopy), which crashes on some corrupt ones
+    types = [obj for obj in objects.values() if isinstance(obj, h5py.Datatype)]
+    if types:
+        with h5py.File("probe", "w", driver="core", backing_store=False) as scratch:
+            for obj in types:
+                handle.copy(obj, scratch, name=str(len(scratch)))
+    attrs = read_attrs(handle)  # variable-length strings live in the global heap
+    for obj in objects.values():
+        read_attrs(obj)
+        if not isinstance(obj, h5py.Dataset) or obj.external or obj.is_virtual:
+            continue
+        if obj.chunks is not None and obj.dtype.kind not in LAYOUT_KINDS:
+            obj.id.chunk_iter(lambda info: None)  # walks the chunk index (the audit walked the others')
+        if h5py.check_vlen_dtype(obj.dtype) is not None or obj.dtype.kind == "O":
+            if obj.size * obj.dtype.itemsize <= VLEN_PROBE_BYTES:
+                obj[()]
+    return Listing(*list_datasets(handle), attrs)

@@ -19,6 +19,7 @@ from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, RolloutError
 from rolloutcli.hdf5.audit import audit_file
 from rolloutcli.hdf5.identity import identity
 from rolloutcli.hdf5.limits import SafetyOptions, check_regular_file
+from rolloutcli.hdf5.listing import Listing, from_json
 from rolloutcli.hdf5.probe import probe_metadata
 
 # Operating-system faults (as opposed to corrupt content) that h5py reports with an errno.
@@ -135,25 +136,36 @@ def translate_hdf5_error(path: Path | str, exc: BaseException, field: str | None
 
 
 @contextlib.contextmanager
-def open_hdf5(path: Path | str, options: SafetyOptions | None = None) -> Iterator[h5py.File]:
+def open_listed(path: Path | str, options: SafetyOptions | None = None) -> Iterator[tuple[h5py.File, Listing | None]]:
     """Open ``path`` read-only after checking it is a regular file and probing its metadata, and audit it before
-    yielding (unless the probe's audit found the file it opened clean: the same identity as this one's descriptor
-    means the same bytes); every HDF5 exception raised meanwhile becomes a ``RolloutError``."""
+    yielding it (unless the probe's audit found the file it opened clean: the same identity as this one's
+    descriptor means the same bytes), with the probe's listing of it (None: the caller lists it); every HDF5
+    exception raised meanwhile becomes a ``RolloutError``."""
     path = Path(path)
     options = options or SafetyOptions()
     check_regular_file(path)
-    clean = probe_metadata(path, options)
+    probed = probe_metadata(path, options)
     try:
         handle = h5py.File(path, "r")
     except HDF5_ERRORS as exc:
         raise translate_hdf5_error(path, exc) from exc
     try:
+        listing = None
         try:
-            if clean is None or identity(os.fstat(handle.id.get_vfd_handle())) != clean:
+            if probed.clean is None or identity(os.fstat(handle.id.get_vfd_handle())) != probed.clean:
                 audit_file(path, handle, options)
+            elif probed.listing is not None:
+                listing = from_json(probed.listing)
         except HDF5_ERRORS as exc:
             raise translate_hdf5_error(path, exc) from exc
-        yield handle
+        yield handle, listing
     finally:
         with contextlib.suppress(*HDF5_ERRORS):
             handle.close()
+
+
+@contextlib.contextmanager
+def open_hdf5(path: Path | str, options: SafetyOptions | None = None) -> Iterator[h5py.File]:
+    """``open_listed``'s file alone."""
+    with open_listed(path, options) as (handle, _):
+        yield handle

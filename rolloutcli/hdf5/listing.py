@@ -1,0 +1,108 @@
+"""What a reader takes from a file's metadata: its datasets, committed datatypes and root attributes.
+
+The metadata probe's prober (:mod:`rolloutcli.hdf5.probe_helper`) reads all of it anyway, in its own process, to
+find the files that crash libhdf5; it sends this listing back with its verdict, as JSON, and a reader that
+opens the same file (the same identity) takes it instead of walking the file again (about 2 ms of a small
+file's few: issue 39). The listing travels only when JSON gives back exactly what the reader would have found;
+otherwise (an unusual dtype, an attribute JSON cannot hold) the reader lists the file itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import h5py
+import numpy as np
+
+from rolloutcli.hdf5.schema import DatasetInfo
+
+ATTR_ITEMS = 4096  # a longer array attribute is described, not listed (a 16 MB one would be 16M Python ints)
+_PLAIN_KINDS = "biufc"  # dtypes that travel as their ``dtype.str`` and come back equal
+
+
+class Listing(NamedTuple):
+    datasets: dict[str, DatasetInfo]  # every dataset reachable by hard links, as ``visititems`` meets them
+    named_types: list[str]  # the committed (named) datatypes
+    attrs: dict[str, Any]  # the root attributes as plain data (``attr_value``)
+
+
+def attr_value(value: Any) -> Any:
+    """An attribute as plain Python data (bytes decoded, numpy scalars and short arrays as Python values)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist() if value.size <= ATTR_ITEMS else f"<{value.dtype} array of shape {value.shape}>"
+    return value
+
+
+def read_attrs(obj: h5py.HLObject) -> dict[str, Any]:
+    """The attributes of ``obj`` as plain data."""
+    return {key: attr_value(value) for key, value in obj.attrs.items()}
+
+
+def _compression(dataset: h5py.Dataset) -> str | None:
+    flags = (dataset.compression, "shuffle" if dataset.shuffle else None, "fletcher32" if dataset.fletcher32 else None)
+    return "+".join(p for p in flags if p) or None
+
+
+def _text(name: bytes) -> str | bytes:
+    """A name as h5py's high-level objects give it: UTF-8 decoded, else the bytes."""
+    try:
+        return name.decode("utf-8")
+    except UnicodeDecodeError:
+        return name
+
+
+def list_datasets(handle: h5py.File) -> tuple[dict[str, DatasetInfo], list[str]]:
+    """Every dataset reachable by hard links (each object once, under the name ``visititems`` gives it) and
+    the committed datatypes' paths."""
+    found: dict[str, DatasetInfo] = {}
+    named_types: list[str] = []
+
+    def visit(name: bytes, info: Any) -> None:
+        if info.type == h5py.h5o.TYPE_DATASET:
+            obj = handle[_text(name)]
+            shape = tuple(int(s) for s in obj.shape or ())
+            found[_text(name)] = DatasetInfo(shape, obj.dtype, obj.chunks, _compression(obj))
+        elif info.type == h5py.h5o.TYPE_NAMED_DATATYPE:
+            named_types.append(_text(name))
+
+    h5py.h5o.visit(handle.id, visit, info=True)  # group objects are never made: each costs ~0.1 ms
+    return found, named_types
+
+
+def _plain(value: Any) -> bool:
+    """Whether JSON gives ``value`` back as it is (type and value)."""
+    if value is None or type(value) in (str, int, float, bool):
+        return True
+    return type(value) is list and all(_plain(item) for item in value)
+
+
+def _plain_dtype(dtype: np.dtype) -> bool:
+    return dtype.kind in _PLAIN_KINDS and dtype.metadata is None and dtype.fields is None and dtype.subdtype is None
+
+
+def to_json(listing: Listing) -> dict[str, Any] | None:
+    """``listing`` as JSON data, or None when JSON would not give it back exactly."""
+    plain = [*listing.datasets, *listing.named_types, *listing.attrs, *listing.attrs.values()]
+    if not _plain(plain) or not all(_plain_dtype(info.dtype) for info in listing.datasets.values()):
+        return None
+    datasets = {
+        name: [list(info.shape), info.dtype.str, list(info.chunks) if info.chunks else None, info.compression]
+        for name, info in listing.datasets.items()
+    }
+    return {"datasets": datasets, "named_types": listing.named_types, "attrs": listing.attrs}
+
+
+def from_json(data: Any) -> Listing | None:
+    """The listing ``to_json`` made, or None when ``data`` is not one."""
+    try:
+        datasets = {
+            str(name): DatasetInfo(tuple(map(int, shape)), np.dtype(dtype), tuple(chunks) if chunks else None, packing)
+            for name, (shape, dtype, chunks, packing) in data["datasets"].items()
+        }
+        return Listing(datasets, [str(n) for n in data["named_types"]], dict(data["attrs"]))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
