@@ -20,6 +20,7 @@ import xxhash
 
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.limits import SafetyOptions
+from rolloutcli.hdf5.probe import probing_ahead
 from rolloutcli.hdf5.reader import H5Input, RolloutReader
 
 SUFFIXES = (".h5", ".hdf5")
@@ -183,11 +184,13 @@ def check_agreement(
     Raises:
         RolloutError: exit 1 naming both files and the field (missing, other trailing shape or dtype, or T).
     """
-    first, size = signature(files[0], safety, each)
-    sizes = [size]
-    for file in files[1:]:
+    sizes: list[tuple[int, int]] = []
+    for i, file in enumerate(probing_ahead(files, safety)):
         found, size = signature(file, safety, each)
         sizes.append(size)
+        if i == 0:
+            first = found
+            continue
         check_agrees(files[0], first, file, found)
         if same_steps and size[0] != sizes[0][0]:
             raise RolloutError(

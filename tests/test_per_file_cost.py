@@ -133,3 +133,57 @@ def test_a_serial_dataset_probes_each_file_once_ahead(runs: Path, tmp_path: Path
     first = str(runs / NAMES[0])  # the driver reads its fields before the units run
     assert sorted(path for path, _ in asked) == sorted([*files, first])
     assert {thread for path, thread in asked if path != first} == {"rolloutcli-probe-ahead"}
+
+
+def test_inside_probed_once_a_file_is_listed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``batch`` opens a dataset's files three times: the probe's listing, kept packed, serves every open."""
+    from rolloutcli.hdf5 import probe
+
+    listed: list[object] = []
+    real = reader_module.list_datasets
+    monkeypatch.setattr(reader_module, "list_datasets", lambda handle: listed.append(handle) or real(handle))
+    path = make_rollout(tmp_path / "r.h5")
+    with probe.probed_once():
+        readers = []
+        for _ in range(3):
+            with RolloutReader(path) as reader:
+                readers.append((reader.datasets, reader.attrs))
+        assert readers[0] == readers[1] == readers[2]
+        assert listed == []
+        os.utime(path, ns=(1, 1))  # another file now: probed again, its own listing
+        with RolloutReader(path):
+            pass
+        assert listed == []
+
+
+def test_small_blocks_are_scattered_together_with_the_same_bytes(
+    runs: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dataset of small files: their blocks joined before the scatter (``Gathered``) or one by one, the shards
+    are the same bytes."""
+    from rolloutcli.dataset import resolve
+    from rolloutcli.pipeline import shard_export
+    from rolloutcli.pipeline.batch import BatchOptions, run_batch
+    from rolloutcli.pipeline.options import RunOptions
+    from rolloutcli.pipeline.scatter import ShardScatter
+
+    adds = [0]
+    real_add = ShardScatter.add
+
+    def counted(self: ShardScatter, *args: object, **kwargs: object) -> None:
+        adds[-1] += 1
+        real_add(self, *args, **kwargs)
+
+    monkeypatch.setattr(ShardScatter, "add", counted)
+    files = resolve([runs]).files  # a tuple: a dataset all the same
+    outs = []
+    for limit in (1 << 20, 0):
+        monkeypatch.setattr(shard_export, "GATHER_BYTES", limit)
+        out = tmp_path / f"shards-{limit}"
+        run_batch(files, out, BatchOptions(num_mini_batches=3, epochs=2, offline=True), RunOptions())
+        outs.append({p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix == ".h5"})
+        adds.append(0)
+    assert outs[0] == outs[1] and len(outs[0]) == 6
+    assert adds[:2] == [2, 2 * len(files)]  # a scatter per pass, against one per file and pass

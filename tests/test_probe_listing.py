@@ -27,6 +27,7 @@ from rolloutcli.hdf5.probe_helper import _read_metadata
 from rolloutcli.hdf5.probe_walk import quick_walk
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.safety import HDF5_ERRORS
+from rolloutcli.hdf5.schema import DatasetInfo
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data"
 NOT_HDF5 = {"fifo", "devzero", "text", "truncated"}
@@ -36,6 +37,23 @@ HANGS = {"global heap that hangs libhdf5"}  # loops forever in libhdf5: only eve
 def _listed(path: Path) -> Listing:
     with h5py.File(path, "r") as handle:
         return Listing(*list_datasets(handle), read_attrs(handle))
+
+
+def _high_level(path: Path) -> Listing:
+    """The listing made with h5py's high-level objects (an independent reference for the low-level one)."""
+    datasets, types = {}, []
+
+    def visit(name: str, obj: object) -> None:
+        if isinstance(obj, h5py.Dataset):
+            packing = [obj.compression, "shuffle" if obj.shuffle else None, "fletcher32" if obj.fletcher32 else None]
+            packed = "+".join(p for p in packing if p) or None
+            datasets[name] = DatasetInfo(tuple(obj.shape or ()), obj.dtype, obj.chunks, packed)
+        elif isinstance(obj, h5py.Datatype):
+            types.append(name)
+
+    with h5py.File(path, "r") as handle:
+        handle.visititems(visit)
+        return Listing(datasets, types, read_attrs(handle))
 
 
 def _quick(path: Path, options: SafetyOptions | None = None) -> Listing | None:
@@ -69,7 +87,7 @@ def _variants(folder: Path) -> list[Path]:
 def test_the_quick_listing_is_the_readers_own(tmp_path: Path) -> None:
     for path in _variants(tmp_path):
         quick = _quick(path)
-        assert quick == _listed(path), path
+        assert quick == _listed(path) == _high_level(path), path
         assert from_json(json.loads(json.dumps(to_json(quick)))) == quick, path
         with h5py.File(path, "r") as handle:
             audit_file(path, handle, SafetyOptions())  # and the audit passes it
@@ -110,7 +128,8 @@ def test_what_the_quick_walk_leaves_to_the_audit(tmp_path: Path) -> None:
         assert _quick(path) is None, name
         found = _read_metadata(path, {"options": {}, "timeout": 5})
         assert found is not None and found["clean"] is not None, name
-        assert found["listing"] is None or from_json(found["listing"]) == _listed(path), name
+        assert found["listing"] is None or from_json(found["listing"]) == _high_level(path), name
+        assert _listed(path) == _high_level(path), name
     assert _quick(make_rollout(tmp_path / "tight.h5"), SafetyOptions(max_dataset_bytes=8)) is None
 
 

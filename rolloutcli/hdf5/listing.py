@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import h5py
 import numpy as np
+from h5py._hl.filters import get_filters  # h5py's own reading of a dataset's filters
 
 from rolloutcli.hdf5.schema import DatasetInfo
 
@@ -42,12 +43,18 @@ def read_attrs(obj: h5py.HLObject) -> dict[str, Any]:
     return {key: attr_value(value) for key, value in obj.attrs.items()}
 
 
-def _compression(dataset: h5py.Dataset) -> str | None:
-    flags = (dataset.compression, "shuffle" if dataset.shuffle else None, "fletcher32" if dataset.fletcher32 else None)
-    return "+".join(p for p in flags if p) or None
+def dataset_info(obj: h5py.h5d.DatasetID) -> DatasetInfo:
+    """A dataset's entry, from its low-level id: what h5py's ``Dataset`` gives (shape, dtype, chunks, and its
+    compression, shuffle and fletcher32 filters, as one text) without making one (~0.1 ms each)."""
+    plist = obj.get_create_plist()
+    named = get_filters(plist)  # what Dataset.compression, .shuffle and .fletcher32 read
+    compression = next((x for x in ("gzip", "lzf", "szip") if x in named), None)
+    packing = [p for p in (compression, "shuffle", "fletcher32") if p is not None and p in named]
+    chunks = plist.get_chunk() if plist.get_layout() == h5py.h5d.CHUNKED else None
+    return DatasetInfo(tuple(int(s) for s in obj.shape or ()), obj.dtype, chunks, "+".join(packing) or None)
 
 
-def _text(name: bytes) -> str | bytes:
+def text(name: bytes) -> str | bytes:
     """A name as h5py's high-level objects give it: UTF-8 decoded, else the bytes."""
     try:
         return name.decode("utf-8")
@@ -63,13 +70,11 @@ def list_datasets(handle: h5py.File) -> tuple[dict[str, DatasetInfo], list[str]]
 
     def visit(name: bytes, info: Any) -> None:
         if info.type == h5py.h5o.TYPE_DATASET:
-            obj = handle[_text(name)]
-            shape = tuple(int(s) for s in obj.shape or ())
-            found[_text(name)] = DatasetInfo(shape, obj.dtype, obj.chunks, _compression(obj))
+            found[text(name)] = dataset_info(h5py.h5o.open(handle.id, name))
         elif info.type == h5py.h5o.TYPE_NAMED_DATATYPE:
-            named_types.append(_text(name))
+            named_types.append(text(name))
 
-    h5py.h5o.visit(handle.id, visit, info=True)  # group objects are never made: each costs ~0.1 ms
+    h5py.h5o.visit(handle.id, visit, info=True)  # no high-level object is made: each costs ~0.1 ms
     return found, named_types
 
 

@@ -18,11 +18,10 @@ import os
 from typing import Any
 
 import h5py
-from h5py._hl.filters import get_filters  # what h5py's Dataset.compression/shuffle/fletcher32 read
 
 from rolloutcli.hdf5.audit import ALLOWED_FILTERS, FLETCHER32_BYTES, chunk_extent
 from rolloutcli.hdf5.limits import SafetyOptions
-from rolloutcli.hdf5.listing import Listing, read_attrs
+from rolloutcli.hdf5.listing import Listing, dataset_info, read_attrs
 from rolloutcli.hdf5.schema import DatasetInfo
 
 _PLAIN_KINDS = "biufc"  # numeric dtypes: no variable-length data, no compound members to follow
@@ -111,7 +110,4 @@ def _dataset(obj: h5py.h5d.DatasetID, size: int, options: SafetyOptions) -> Data
         end = 0 if offset is None else offset + obj.get_storage_size()
     if end > size:
         raise _NotPlain
-    named = get_filters(plist)  # as listing._compression reads them through h5py's Dataset
-    compression = next((x for x in ("gzip", "lzf", "szip") if x in named), None)
-    packing = [p for p in (compression, "shuffle", "fletcher32") if p is not None and p in named]
-    return DatasetInfo(shape, dtype, chunks, "+".join(packing) or None)
+    return dataset_info(obj)

@@ -323,6 +323,7 @@ def _job(
         read_bytes=sum(f.row_bytes for f in fields),
         env_major=options.mode == "recurrent",
         env_concat=many and options.mode != "feedforward",
+        row_wise=True,
         group_attrs={"distribution": {"order": distribution}} if exported else {},
         compression=options.compression,
         manifest={
@@ -341,7 +342,7 @@ def _job(
 
 
 def run_batch(
-    src: Path | list[Path],
+    src: Path | list[Path] | tuple[Path, ...],
     dst: Path,
     options: BatchOptions | HistoryOptions | TransitionOptions,
     run: RunOptions,
@@ -360,6 +361,8 @@ def run_batch(
         RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
             a chunk (exit 2), missing fields (exit 1), I/O faults (exit 3).
     """
+    if isinstance(src, tuple):  # a Dataset's files: a dataset, not one file (a tuple once planned its first file)
+        src = list(src)
     with probed_once():  # a dataset's files are opened several times here: to check them, then to export them
         if hold_out is not None:
             return _run_split(src, dst, options, run, hold_out, overwrite=overwrite, progress=progress, engine=engine)

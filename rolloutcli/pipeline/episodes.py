@@ -22,6 +22,7 @@ from rolloutcli.dataset import check_agrees, dataset_reader, reader_signature, s
 from rolloutcli.errors import RolloutError
 from rolloutcli.fields import AUTORESET
 from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, SafetyOptions
+from rolloutcli.hdf5.probe import probing_ahead
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.engine import EngineOptions, run_units
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
@@ -375,7 +376,7 @@ def read_chunks(plan: EpisodePlan, budget: int, safety: SafetyOptions | None = N
     Two blocks may be alive at once: the consumer still holds the last chunk (a view of the block before) while
     the next is read, so a block gets half the budget."""
     step_bytes = sum(int(np.prod(shape)) * dtype.itemsize for dtype, shape in plan.fields.values())
-    for k, path in enumerate(plan.files):
+    for k, path in enumerate(probing_ahead(plan.files, safety)):
         pieces = plan.pieces.get(k)
         if not pieces:
             continue

@@ -17,7 +17,7 @@ import numpy as np
 from rolloutcli.core.stats import EpisodeStats, Moments
 from rolloutcli.dataset import Dataset, check_agreement, check_agrees, dataset_reader, reader_signature
 from rolloutcli.errors import RolloutError
-from rolloutcli.hdf5.probe import probe_ahead
+from rolloutcli.hdf5.probe import probing_ahead
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.inspect import MOMENT_FIELDS, _episodes_report, _scan
 from rolloutcli.pipeline.options import RunOptions
@@ -77,9 +77,7 @@ def run_inspect_dataset(
     moments: dict[str, Moments] = {}
     fields: list[dict[str, Any]] = []
     agreement = _Agreement()
-    for i, (path, name) in enumerate(zip(dataset.files, dataset.names, strict=True)):
-        if i + 1 < len(dataset.files):
-            probe_ahead(dataset.files[i + 1], options.safety)  # read by the prober while this file is scanned
+    for path, name in zip(probing_ahead(dataset.files, options.safety), dataset.names, strict=True):
         with dataset_reader(path, options.safety, check=False, budget=options.max_memory) as reader:
             agreement.check(path, reader)
             found: list[str] = []

@@ -249,3 +249,41 @@ class Emitter:
                 entry = {"file": name, "epoch": epoch, "mini_batch": shard, "rows": size}
                 out.append({**entry, "sha256": self.writer.results[name][1]})
         return out
+
+
+class Gathered:
+    """Small blocks of rows kept until they hold ``limit`` bytes, then scattered as one block (``ShardScatter.add``).
+
+    A dataset of small files (one per training iteration) scattered file by file paid the scatter's per-call
+    cost, a gather per shard and field, for each file: 31 of a 28 KB file's 34 ms (issue 39). The rows of a block
+    are independent of the block (``take`` gathers by row: ``take(None, data, index, out)``), so the blocks'
+    rows and positions are joined in arrival order; where each row lands does not change. A block larger than
+    ``limit`` goes on its own, so memory holds at most twice ``limit`` more than before (the parts and their join).
+    """
+
+    def __init__(self, out: ShardScatter, take: Callable[..., Rows], limit: int) -> None:
+        self.out, self.take, self.limit = out, take, limit
+        self.parts: list[tuple[torch.Tensor, Rows]] = []
+        self.bytes = 0
+
+    def add(self, positions: torch.Tensor, data: Rows) -> None:
+        size = sum(value.nbytes for value in data.values())
+        if self.bytes + size > self.limit:
+            self.flush()
+        self.parts.append((positions, data))
+        self.bytes += size
+        if self.bytes > self.limit:
+            self.flush()
+
+    def flush(self) -> None:
+        """Scatter what is kept (at the end of a pass: before ``ShardScatter.finish``)."""
+        if not self.parts:
+            return
+        if len(self.parts) == 1:
+            positions, data = self.parts[0]
+        else:
+            positions = torch.cat([p for p, _ in self.parts])
+            data = {name: torch.cat([d[name] for _, d in self.parts]) for name in self.parts[0][1]}
+        self.parts, self.bytes = [], 0
+        self.out.add(positions, lambda index, out: self.take(None, data, index, out))
+

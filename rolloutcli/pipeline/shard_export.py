@@ -27,6 +27,7 @@ from rolloutcli.core.batching import BatchPlan, block_rows
 from rolloutcli.dataset import file_hash
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
+from rolloutcli.hdf5.probe import probing_ahead
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import (
     FORMAT_VERSION,
@@ -39,7 +40,7 @@ from rolloutcli.hdf5.shards import (
 )
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
-from rolloutcli.pipeline.scatter import Emitter, Field, Rows, ShardScatter
+from rolloutcli.pipeline.scatter import Emitter, Field, Gathered, Rows, ShardScatter
 
 Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
 # Pieces of shards waiting for their other rows stay in memory up to a quarter of the budget and at most this,
@@ -161,6 +162,7 @@ class ExportJob:
     read_bytes: int
     env_major: bool = False
     env_concat: bool = False  # a dataset's files side by side along envs (recurrent, distillation: one T)
+    row_wise: bool = False  # ``take`` gathers rows whatever the block: small blocks are joined (``Gathered``)
     shape: Callable[[Any, int, Rows], Mapping[str, torch.Tensor]] | None = None  # picklable shard_tensors by plan
     attrs: dict[str, Any] = field(default_factory=dict)
     group_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -216,6 +218,9 @@ def plan_blocks(reader: RolloutReader, job: ExportJob, budget: int) -> list[Bloc
     return [(t, min(T, t + steps), n, n + 1) for n in range(N) for t in range(0, T, steps)]
 
 
+GATHER_BYTES = 4 << 20  # small blocks are joined up to this size (``Gathered``): ~150 small files a scatter
+
+
 def _export_passes(
     job: ExportJob, emitter: Emitter, folder: Path, sources: list[Source], budget: int, opened: Opener
 ) -> None:
@@ -232,19 +237,24 @@ def _export_passes(
         complete = partial(emitter.emit, pass_index)
         pending = min(budget // 4, PENDING_MAX)
         out = ShardScatter(folder, job.fields, plan.sizes, pending, buffers=emitter.buffers, complete=complete)
+        gathered = Gathered(out, job.take, min(budget // 16, GATHER_BYTES) if job.row_wise else 0)
         for source in sources:
             with opened(source.path) as reader:
                 for block in source.blocks:
                     data = cached or {f.name: job.read(reader, f, block) for f in job.fields}
-                    take = partial(job.take, block, data)
                     if whole:
                         cached = data
-                        out.add(None, take, order=plan.all_rows())
+                        out.add(None, partial(job.take, block, data), order=plan.all_rows())
                     else:  # streamed orders: positions of this block's rows only, no per-row array of the dataset
                         rows = source.rows(block, job.env_concat, total_envs)
-                        out.add(plan.positions_of(rows) if streamed else positions[rows], take)  # type: ignore[index]
-                    del data, take
+                        where = plan.positions_of(rows) if streamed else positions[rows]  # type: ignore[index]
+                        if job.row_wise:
+                            gathered.add(where, data)
+                        else:
+                            out.add(where, partial(job.take, block, data))
+                    del data
                     emitter.progress.advance()
+        gathered.flush()
         out.finish()
 
 
@@ -287,10 +297,12 @@ def _check_shards_fit(job: ExportJob, budget: int) -> None:
         )
 
 
-def _sources(srcs: list[Path], job: ExportJob, budget: int, opened: Opener) -> list[Source]:
-    """Each file's blocks and offsets, the files opened one at a time; then the shards' check (no block read yet)."""
+def _sources(srcs: list[Path], job: ExportJob, run: RunOptions, opened: Opener) -> list[Source]:
+    """Each file's blocks and offsets, the files opened one at a time (the next one probed meanwhile); then the
+    shards' check (no block read yet)."""
     out, rows, envs = [], 0, 0
-    for path in srcs:
+    budget = run.max_memory
+    for path in probing_ahead(srcs, run.safety):
         with opened(path) as reader:
             out.append(Source(path, reader.T, reader.N, plan_blocks(reader, job, budget), rows, envs))
             rows, envs = rows + reader.T * reader.N, envs + reader.N
@@ -335,7 +347,7 @@ def run_export(
             return RolloutReader(path, run.safety, check=check, budget=run.max_memory)
 
         job = prepare(first)
-        sources = _sources(srcs, job, run.max_memory, partial(opened, check=True))
+        sources = _sources(srcs, job, run, partial(opened, check=True))
         blocks = sum(len(s.blocks) for s in sources)
         streamed = sum(s.T * s.N for s in sources) * job.read_bytes > run.max_memory // 2
         passes = job.plan.passes
