@@ -8,6 +8,7 @@ contract: the schema, the value checks (streamed in env blocks) and reads normal
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -174,12 +175,29 @@ class H5Input:
         whole = self._whole(name, index)
         if whole and name in self._small:
             return self._small[name].copy()
+        if whole and self._plain(name):
+            return self._read_whole(name)
         data = np.asarray(self.guard(lambda: self.dataset(name)[index], name))
         if not data.dtype.isnative:
             data = data.astype(data.dtype.newbyteorder("="))
         if whole and self._small_bytes + data.nbytes <= SMALL_READS:
             self._small[name], self._small_bytes = data.copy(), self._small_bytes + data.nbytes
         return data
+
+    def _plain(self, name: str) -> bool:
+        """Whether dataset ``name`` holds plain numbers (no bool enum, strings, compound), at least one."""
+        info = self.datasets[name]
+        return info.dtype.kind in "iuf" and info.dtype.metadata is None and math.prod(info.shape) > 0
+
+    def _read_whole(self, name: str) -> np.ndarray:
+        """All of a plain numeric dataset, native byte order (libhdf5 converts it), through the low-level read:
+        h5py's ``Dataset[()]`` costs ~0.15 ms of a small field's ~0.05 (issue 39)."""
+        info = self.datasets[name]
+        out = np.empty(info.shape, info.dtype.newbyteorder("="))
+        self.guard(lambda: self.dataset(name).id.read(h5py.h5s.ALL, h5py.h5s.ALL, out), name)
+        if self._small_bytes + out.nbytes <= SMALL_READS:
+            self._small[name], self._small_bytes = out.copy(), self._small_bytes + out.nbytes
+        return out
 
     def _whole(self, name: str, index: tuple[Any, ...]) -> bool:
         """Whether ``index`` selects all of dataset ``name`` (a tuple of full slices, or ``()``)."""
