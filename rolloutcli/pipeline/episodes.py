@@ -22,7 +22,7 @@ from rolloutcli.dataset import check_agrees, dataset_reader, reader_signature, s
 from rolloutcli.errors import RolloutError
 from rolloutcli.fields import AUTORESET
 from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, SafetyOptions
-from rolloutcli.hdf5.probe import probing_ahead
+from rolloutcli.hdf5.probe import probe_ahead, probing_ahead
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.engine import EngineOptions, run_units
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
@@ -118,8 +118,11 @@ def _recording(reader: RolloutReader) -> tuple[str | None, int | None]:
     return rid, int(index)
 
 
-def _facts(path: Path, safety: SafetyOptions | None, budget: int) -> tuple[_File, dict]:
-    """Read what the plan needs of one file (flags, a hash per env of the first and last observations)."""
+def _facts(path: Path, safety: SafetyOptions | None, budget: int, ahead: Path | None = None) -> tuple[_File, dict]:
+    """Read what the plan needs of one file (flags, a hash per env of the first and last observations);
+    ``ahead``: the file this process reads next, probed meanwhile."""
+    if ahead is not None:
+        probe_ahead(ahead, safety)
     with dataset_reader(path, safety, budget=budget) as reader:  # its value check streams within the budget
         rid, index = _recording(reader)
         fields = reader.schema.fields
@@ -272,7 +275,11 @@ def plan_episodes(
         if index == 0:
             first.update(result[1])
 
-    run_units([(_facts, (path, safety, budget)) for path in files], engine or EngineOptions(), done)
+    engine = engine or EngineOptions()
+    serial = engine.engine == "local" and engine.workers == 1  # then the units run in order, here
+    aheads = [*files[1:], None] if serial else [None] * len(files)
+    units = [(_facts, (path, safety, budget, ahead)) for path, ahead in zip(files, aheads, strict=True)]
+    run_units(units, engine, done)
     for i in range(1, len(files)):
         if digests[i] != digests[0]:  # the fields again, for the one-line error naming both files
             check_agrees(files[0], first, files[i], signature(files[i], safety)[0])
