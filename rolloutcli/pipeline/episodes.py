@@ -69,12 +69,10 @@ def _attr(reader: RolloutReader, name: str) -> Any:
     value = reader.raw_attr(name)
     if isinstance(value, np.generic) and not isinstance(value, bytes | str):
         return value.item()
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return value
-    return value
+    try:
+        return value.decode("utf-8") if isinstance(value, bytes) else value
+    except UnicodeDecodeError:
+        return value
 
 
 def _shown(value: Any) -> str:
@@ -217,10 +215,6 @@ class _Open:
         return sum(stop - start for _, start, stop in self.pieces)
 
 
-def _close(ep: _Open, ends: tuple[bool, bool, bool, bool]) -> tuple[_Open, tuple[bool, bool, bool, bool]]:
-    return ep, ends
-
-
 def _walk(rec: list[int], facts: list[_File], first_file: int, name: str) -> list[tuple[_Open, tuple]]:
     """The episodes of one recording (files ``rec``, numbered from ``first_file`` in the plan), each with
     ``(partial_end, terminated, truncated, has_next)``."""
@@ -276,10 +270,9 @@ def plan_episodes(
             first.update(result[1])
 
     engine = engine or EngineOptions()
-    serial = engine.engine == "local" and engine.workers == 1  # then the units run in order, here
+    serial = engine.engine == "local" and engine.workers == 1  # the units run in order, here: each probes the next
     aheads = [*files[1:], None] if serial else [None] * len(files)
-    units = [(_facts, (path, safety, budget, ahead)) for path, ahead in zip(files, aheads, strict=True)]
-    run_units(units, engine, done)
+    run_units([(_facts, (p, safety, budget, a)) for p, a in zip(files, aheads, strict=True)], engine, done)
     for i in range(1, len(files)):
         if digests[i] != digests[0]:  # the fields again, for the one-line error naming both files
             check_agrees(files[0], first, files[i], signature(files[i], safety)[0])
