@@ -218,7 +218,7 @@ def plan_blocks(reader: RolloutReader, job: ExportJob, budget: int) -> list[Bloc
     return [(t, min(T, t + steps), n, n + 1) for n in range(N) for t in range(0, T, steps)]
 
 
-GATHER_BYTES = 4 << 20  # small blocks are joined up to this size (``Gathered``): ~150 small files a scatter
+GATHER_BYTES = 1 << 20  # small blocks are joined up to this size (``Gathered``): ~36 small files a scatter
 
 
 def _export_passes(
