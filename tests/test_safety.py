@@ -13,6 +13,7 @@ from rollout_factory import make_rollout, rollout_arrays, write_rollout
 from rolloutcli import RolloutError, RolloutStorage
 from rolloutcli.hdf5.identity import path_identity
 from rolloutcli.hdf5.limits import SafetyOptions
+from rolloutcli.hdf5.reader import H5Input
 
 SECRET = 987654.25  # a value that only exists in the "other" file
 
@@ -233,7 +234,11 @@ def test_out_of_memory_is_an_io_error_with_budget_advice(
     def fail(self, index):
         raise failure
 
+    def fail_whole(self, name):  # a whole field is read through the low-level read, inside the same guard
+        return self.guard(lambda: fail(None, ()), name)
+
     monkeypatch.setattr(h5py.Dataset, "__getitem__", fail)
+    monkeypatch.setattr(H5Input, "_read_whole", fail_whole)
     code, _, err = cli("inspect", path)
     assert code == 3, err
     assert "out of memory" in err and "Lower --max-memory" in err and "corrupt" not in err
