@@ -4,7 +4,8 @@ The metadata probe's prober (:mod:`rolloutcli.hdf5.probe_helper`) reads all of i
 find the files that crash libhdf5; it sends this listing back with its verdict, as JSON, and a reader that
 opens the same file (the same identity) takes it instead of walking the file again (about 2 ms of a small
 file's few: issue 39). The listing travels only when JSON gives back exactly what the reader would have found;
-otherwise (an unusual dtype, an attribute JSON cannot hold) the reader lists the file itself.
+otherwise (an unusual dtype, an attribute JSON cannot hold) the reader lists the file itself. Also here: the
+test the readers' and writers' low-level whole-dataset paths share (``selects_all``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from h5py._hl.filters import get_filters  # h5py's own reading of a dataset's fi
 from rolloutcli.hdf5.schema import DatasetInfo
 
 ATTR_ITEMS = 4096  # a longer array attribute is described, not listed (a 16 MB one would be 16M Python ints)
-_PLAIN_KINDS = "biufc"  # dtypes that travel as their ``dtype.str`` and come back equal
+PLAIN_KINDS = "biufc"  # numeric dtypes: no variable-length data, no members; they travel as their ``dtype.str``
 
 
 class Listing(NamedTuple):
@@ -43,15 +44,23 @@ def read_attrs(obj: h5py.HLObject) -> dict[str, Any]:
     return {key: attr_value(value) for key, value in obj.attrs.items()}
 
 
-def dataset_info(obj: h5py.h5d.DatasetID) -> DatasetInfo:
-    """A dataset's entry, from its low-level id: what h5py's ``Dataset`` gives (shape, dtype, chunks, and its
-    compression, shuffle and fletcher32 filters, as one text) without making one (~0.1 ms each)."""
-    plist = obj.get_create_plist()
+def dataset_info(obj: h5py.h5d.DatasetID, plist: h5py.h5p.PropDCID | None = None) -> DatasetInfo:
+    """A dataset's entry, from its low-level id (and creation properties, when the caller has them): what h5py's
+    ``Dataset`` gives (shape, dtype, chunks, and its compression, shuffle and fletcher32 filters, as one text)
+    without making one (~0.1 ms each)."""
+    plist = plist or obj.get_create_plist()
     named = get_filters(plist)  # what Dataset.compression, .shuffle and .fletcher32 read
     compression = next((x for x in ("gzip", "lzf", "szip") if x in named), None)
     packing = [p for p in (compression, "shuffle", "fletcher32") if p is not None and p in named]
     chunks = plist.get_chunk() if plist.get_layout() == h5py.h5d.CHUNKED else None
     return DatasetInfo(tuple(int(s) for s in obj.shape or ()), obj.dtype, chunks, "+".join(packing) or None)
+
+
+def selects_all(index: tuple[Any, ...], shape: tuple[int, ...]) -> bool:
+    """Whether ``dataset[index]`` is all of a dataset of ``shape`` (``()``, or a tuple of full slices)."""
+    if len(index) > len(shape) or not all(type(i) is slice for i in index):
+        return False
+    return all(i.indices(n) == (0, n, 1) for i, n in zip(index, shape, strict=False))
 
 
 def text(name: bytes) -> str | bytes:
@@ -86,7 +95,7 @@ def _plain(value: Any) -> bool:
 
 
 def _plain_dtype(dtype: np.dtype) -> bool:
-    return dtype.kind in _PLAIN_KINDS and dtype.metadata is None and dtype.fields is None and dtype.subdtype is None
+    return dtype.kind in PLAIN_KINDS and dtype.metadata is None and dtype.fields is None and dtype.subdtype is None
 
 
 def to_json(listing: Listing) -> dict[str, Any] | None:

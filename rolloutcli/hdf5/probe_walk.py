@@ -21,10 +21,8 @@ import h5py
 
 from rolloutcli.hdf5.audit import ALLOWED_FILTERS, FLETCHER32_BYTES, chunk_extent
 from rolloutcli.hdf5.limits import SafetyOptions
-from rolloutcli.hdf5.listing import Listing, dataset_info, read_attrs
+from rolloutcli.hdf5.listing import PLAIN_KINDS, Listing, dataset_info, read_attrs
 from rolloutcli.hdf5.schema import DatasetInfo
-
-_PLAIN_KINDS = "biufc"  # numeric dtypes: no variable-length data, no compound members to follow
 
 
 class _NotPlain(Exception):
@@ -86,7 +84,7 @@ def _dataset(obj: h5py.h5d.DatasetID, size: int, options: SafetyOptions) -> Data
     plist = obj.get_create_plist()
     dtype = obj.dtype
     layout = plist.get_layout()
-    if plist.get_external_count() or layout == h5py.h5d.VIRTUAL or dtype.kind not in _PLAIN_KINDS:
+    if plist.get_external_count() or layout == h5py.h5d.VIRTUAL or dtype.kind not in PLAIN_KINDS:
         raise _NotPlain
     if dtype.fields is not None or dtype.subdtype is not None:
         raise _NotPlain
@@ -110,4 +108,4 @@ def _dataset(obj: h5py.h5d.DatasetID, size: int, options: SafetyOptions) -> Data
         end = 0 if offset is None else offset + obj.get_storage_size()
     if end > size:
         raise _NotPlain
-    return dataset_info(obj)
+    return dataset_info(obj, plist)

@@ -21,7 +21,7 @@ from rolloutcli.errors import EXIT_BAD_DATA, RolloutError, problem_line
 from rolloutcli.fields import by_flag
 from rolloutcli.hdf5.identity import identity, path_identity
 from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, check_one_env_fits
-from rolloutcli.hdf5.listing import Listing, list_datasets, read_attrs
+from rolloutcli.hdf5.listing import Listing, list_datasets, read_attrs, selects_all
 from rolloutcli.hdf5.safety import HDF5_ERRORS, SafetyOptions, open_listed, translate_hdf5_error
 from rolloutcli.hdf5.schema import DatasetInfo, RolloutSchema, describe
 
@@ -172,14 +172,16 @@ class H5Input:
         """``dataset[index]`` in native byte order (``()``: the whole dataset). A small dataset read whole is
         kept (up to ``SMALL_READS`` bytes a file) and copied on the next read: the value checks read the fields
         a command then reads again, and each read of a small file's field costs about 0.1 ms."""
-        whole = self._whole(name, index)
+        info = self.datasets.get(name)
+        whole = info is not None and selects_all(index, info.shape)
         if whole and name in self._small:
             return self._small[name].copy()
         if whole and self._plain(name):
-            return self._read_whole(name)
-        data = np.asarray(self.guard(lambda: self.dataset(name)[index], name))
-        if not data.dtype.isnative:
-            data = data.astype(data.dtype.newbyteorder("="))
+            data = self._read_whole(name)
+        else:
+            data = np.asarray(self.guard(lambda: self.dataset(name)[index], name))
+            if not data.dtype.isnative:
+                data = data.astype(data.dtype.newbyteorder("="))
         if whole and self._small_bytes + data.nbytes <= SMALL_READS:
             self._small[name], self._small_bytes = data.copy(), self._small_bytes + data.nbytes
         return data
@@ -195,16 +197,7 @@ class H5Input:
         info = self.datasets[name]
         out = np.empty(info.shape, info.dtype.newbyteorder("="))
         self.guard(lambda: self.dataset(name).id.read(h5py.h5s.ALL, h5py.h5s.ALL, out), name)
-        if self._small_bytes + out.nbytes <= SMALL_READS:
-            self._small[name], self._small_bytes = out.copy(), self._small_bytes + out.nbytes
         return out
-
-    def _whole(self, name: str, index: tuple[Any, ...]) -> bool:
-        """Whether ``index`` selects all of dataset ``name`` (a tuple of full slices, or ``()``)."""
-        info = self.datasets.get(name)
-        if info is None or len(index) > len(info.shape) or not all(type(i) is slice for i in index):
-            return False
-        return all(i.indices(size) == (0, size, 1) for i, size in zip(index, info.shape, strict=False))
 
     def read_into(self, name: str, rows: slice, out: np.ndarray) -> None:
         """``out[...] = dataset[rows]`` for a numeric dataset and a native-order ``out`` of that shape (libhdf5

@@ -23,6 +23,7 @@ import numpy as np
 
 from rolloutcli.core.host import numpy_storable
 from rolloutcli.errors import EXIT_IO, RolloutError
+from rolloutcli.hdf5.listing import selects_all
 from rolloutcli.hdf5.listing import text as listing_text
 from rolloutcli.hdf5.safety import HDF5_ERRORS, system_errno, translate_write_error
 
@@ -48,9 +49,7 @@ def _fills(dataset: h5py.h5d.DatasetID, index: tuple[Any, ...], array: np.ndarra
     shape, dtype = dataset.shape, dataset.dtype
     if array.shape != shape or array.dtype != dtype or dtype.kind not in "iuf" or not array.flags.c_contiguous:
         return False
-    if len(index) > len(shape) or not all(type(i) is slice for i in index):
-        return False
-    return array.size > 0 and all(i.indices(n) == (0, n, 1) for i, n in zip(index, shape, strict=False))
+    return array.size > 0 and selects_all(index, shape)
 
 
 def _access(low: int) -> h5py.h5p.PropFAID:
