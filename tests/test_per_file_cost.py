@@ -187,3 +187,39 @@ def test_small_blocks_are_scattered_together_with_the_same_bytes(
         adds.append(0)
     assert outs[0] == outs[1] and len(outs[0]) == 6
     assert adds[:2] == [2, 2 * len(files)]  # a scatter per pass, against one per file and pass
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((16, 4, 48), "<f4"), ((16, 4), bool), ((7,), "<i8"), ((), "<f8"), ((0, 3), "<u1"), ((2, 3), ">f4"), ((4,), "S5")],
+)
+def test_a_dataset_made_low_level_is_h5pys_bytes(tmp_path: Path, shape: tuple[int, ...], dtype: object) -> None:
+    """``new_dataset`` + ``write_array`` make the bytes h5py's ``create_dataset(track_times=False)`` and
+    ``dataset[...] = array`` make, in a group, beside a committed type, whole or in env columns."""
+    import h5py
+    import numpy as np
+
+    from rolloutcli.hdf5.writer import new_dataset, write_array
+
+    data = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape).astype(dtype)
+    columns = (slice(None), slice(0, 1)) if len(shape) > 1 else ()  # a block of env columns, or all again
+
+    def make(path: Path, low: bool) -> bytes:
+        with h5py.File(path, "w", libver=("v108", "latest")) as handle:
+            handle.create_group("observations", track_times=False)
+            handle["named"] = np.dtype("<f4")
+            for name, kind in (("observations/policy", dtype), ("typed", handle["named"])):
+                if low:
+                    made = new_dataset(handle, name, shape, kind)
+                else:
+                    made = handle.create_dataset(name, shape=shape, dtype=kind, track_times=False)
+                value = data.astype(made.dtype)
+                for index in ((), columns):
+                    part = np.ascontiguousarray(value[index])
+                    if low:
+                        write_array(made, index, part)
+                    else:
+                        made[index] = part
+        return path.read_bytes()
+
+    assert make(tmp_path / "low.h5", True) == make(tmp_path / "h5py.h5", False)

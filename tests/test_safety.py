@@ -255,7 +255,7 @@ def test_output_side_failure_is_not_blamed_on_the_input(tmp_path: Path, monkeypa
         raise OSError("Unable to synchronously create dataset (object header message is too large)")
 
     with RolloutOutput(tmp_path / "tmp.h5", tmp_path / "out.h5") as out:
-        monkeypatch.setattr(h5py.Group, "create_dataset", refuse)
+        monkeypatch.setattr(h5py.h5d, "create", refuse)
         with pytest.raises(RolloutError) as raised:
             out.create("rewards", (3, 2), np.float32)
     message = str(raised.value)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from rolloutcli.hdf5.rename import libc_function
-from rolloutcli.hdf5.writer import open_for_update
+from rolloutcli.hdf5.writer import new_dataset, open_for_update, write_array
 
 COPY_STEP = 64 << 20  # bytes per kernel copy call: write-back starts (and progress moves) every 64 MiB
 _SYNC_FILE_RANGE_WRITE = 2
@@ -93,11 +93,11 @@ class OpenCopy:
     def create(self, name: str, steps: int, envs: int, dtype: Any = np.float32) -> None:
         """A new empty ``[T, N]`` dataset ``name`` (float32 unless told; replacing any), filled by :meth:`write`."""
         self.remove(name)
-        self._created[name] = self._handle.create_dataset(name, shape=(steps, envs), dtype=dtype)
+        self._created[name] = new_dataset(self._handle, name, (steps, envs), dtype)
 
     def write(self, name: str, start: int, stop: int, block: np.ndarray) -> None:
         """Env columns ``[start, stop)`` of a dataset made by :meth:`create`."""
-        self._created[name][:, start:stop] = block
+        write_array(self._created[name], (slice(None), slice(start, stop)), block)
 
     def read_written(self, name: str, start: int, stop: int) -> np.ndarray:
         """Env columns ``[start, stop)`` of a dataset made by :meth:`create`, as written."""
