@@ -237,7 +237,8 @@ def _export_passes(
         complete = partial(emitter.emit, pass_index)
         pending = min(budget // 4, PENDING_MAX)
         out = ShardScatter(folder, job.fields, plan.sizes, pending, buffers=emitter.buffers, complete=complete)
-        gathered = Gathered(out, job.take, min(budget // 16, GATHER_BYTES) if job.row_wise else 0)
+        where = plan.positions_of if streamed else lambda rows, positions=positions: positions[rows]
+        gathered = Gathered(out, job.take, min(budget // 16, GATHER_BYTES) if job.row_wise else 0, where)
         for source in sources:
             with opened(source.path) as reader:
                 for block in source.blocks:
@@ -247,11 +248,10 @@ def _export_passes(
                         out.add(None, partial(job.take, block, data), order=plan.all_rows())
                     else:  # streamed orders: positions of this block's rows only, no per-row array of the dataset
                         rows = source.rows(block, job.env_concat, total_envs)
-                        where = plan.positions_of(rows) if streamed else positions[rows]  # type: ignore[index]
                         if job.row_wise:
-                            gathered.add(where, data)
+                            gathered.add(rows, data)
                         else:
-                            out.add(where, partial(job.take, block, data))
+                            out.add(where(rows), partial(job.take, block, data))
                     del data
                     emitter.progress.advance()
         gathered.flush()
