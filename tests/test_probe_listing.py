@@ -126,8 +126,8 @@ def test_what_the_quick_walk_leaves_to_the_audit(tmp_path: Path) -> None:
         with h5py.File(path, "a") as handle:
             make(handle)
         assert _quick(path) is None, name
-        found = _read_metadata(path, {"options": {}, "timeout": 5})
-        assert found is not None and found["clean"] is not None, name
+        found = json.loads(_read_metadata(path, {"options": {}, "timeout": 5}))
+        assert found["status"] == "ok" and found["clean"] is not None, name
         assert found["listing"] is None or from_json(found["listing"]) == _high_level(path), name
         assert _listed(path) == _high_level(path), name
     assert _quick(make_rollout(tmp_path / "tight.h5"), SafetyOptions(max_dataset_bytes=8)) is None
@@ -147,3 +147,15 @@ def test_a_reader_takes_the_probes_listing(tmp_path: Path, monkeypatch: pytest.M
     with RolloutReader(path) as reader:
         assert reader.attrs["pair"] == [1 + 2j]
     assert len(listed) == 1
+
+
+def test_a_listing_past_its_size_is_not_sent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prober's answer carries the listing only under ``LISTING_BYTES``; past it, the file is still clean."""
+    from rolloutcli.hdf5 import probe_helper
+
+    path = make_rollout(tmp_path / "r.h5")
+    found = json.loads(_read_metadata(path, {"options": {}, "timeout": 5}))
+    assert from_json(found["listing"]) == _high_level(path)
+    monkeypatch.setattr(probe_helper, "LISTING_BYTES", len(json.dumps(found)) - 1)
+    smaller = json.loads(_read_metadata(path, {"options": {}, "timeout": 5}))
+    assert smaller == {**found, "listing": None}

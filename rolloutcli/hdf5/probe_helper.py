@@ -73,13 +73,13 @@ def _answer(connection: Connection) -> None:
             while True:
                 request = json.loads(connection.recv_bytes())
                 answer, prober = _verdict(prober, request)
-                connection.send_bytes(json.dumps(answer).encode())
+                connection.send_bytes(answer)
         finally:
             if prober is not None:
                 prober.end()
 
 
-def _verdict(prober: _Prober | None, request: dict[str, Any]) -> tuple[dict[str, Any], _Prober | None]:
+def _verdict(prober: _Prober | None, request: dict[str, Any]) -> tuple[bytes, _Prober | None]:
     """The answer for one file, and the prober for the next (None: fork a fresh one). A prober that ended on a
     file it was not the first to read may have been damaged by an earlier file (libhdf5's global state): the
     file is read once more by a fresh prober, whose verdict stands, so an innocent file is never blamed."""
@@ -121,20 +121,19 @@ class _Prober:
         self.pid, self.ended = pid, False
         _PROBERS.add(pid)
 
-    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``{"status": "ok" | "timeout" | "signal", "signal": name, "clean": identity, "listing": ...}`` for one
-        file (``clean``: the audit found the file with that identity clean; ``listing``: ``listing.to_json``'s);
-        ``ended`` is set when the prober did not answer (it
-        is then gone, and the status says how it ended)."""
+    def ask(self, request: dict[str, Any]) -> bytes:
+        """The answer for one file, JSON: ``{"status": "ok" | "timeout" | "signal", "signal": name, "clean":
+        identity, "listing": ...}`` (``clean``: the audit found the file with that identity clean; ``listing``:
+        ``listing.to_json``'s), the prober's own bytes when it answered (not decoded and encoded again here);
+        ``ended`` is set when it did not (it is then gone, and the status says how it ended)."""
         overran = False
         with contextlib.suppress(OSError, EOFError, ValueError):
             self.connection.send_bytes(json.dumps(request).encode())
             # its own alarm ends it at the file's deadline; this wait is the backstop (a stopped prober)
             if self.connection.poll(_alarm(float(request["timeout"])) + PROBER_SLACK):
-                found = json.loads(self.connection.recv_bytes())  # or end-of-file when it died (EOFError)
-                return {"status": "ok", **(found or {})}
+                return self.connection.recv_bytes()  # or end-of-file when it died (EOFError)
             overran = True
-        return self.end(overran)
+        return json.dumps(self.end(overran)).encode()
 
     def end(self, overran: bool = False) -> dict[str, Any]:
         """Kill the prober (an idle one, or one past its backstop) and say how it ended."""
@@ -165,19 +164,20 @@ def _read_requests(connection: Connection) -> None:
             while True:
                 request = json.loads(connection.recv_bytes())
                 signal.alarm(_alarm(float(request["timeout"])))
-                found = None
+                answer = b'{"status": "ok"}'
                 with contextlib.suppress(BaseException):
-                    found = _read_metadata(Path(request["path"]), request)
+                    answer = _read_metadata(Path(request["path"]), request)
                 signal.alarm(0)
-                connection.send_bytes(json.dumps(found).encode())
+                connection.send_bytes(answer)
     finally:
         os._exit(0)
 
 
-def _read_metadata(path: Path, request: dict[str, Any]) -> dict[str, Any] | None:
-    """In the prober: open, audit, then touch what commands read from the metadata (hard links). When the audit
-    under the request's options found the file clean: the identity of the file it read (``probe.identity``) and
-    its listing (``listing.to_json``, None when JSON cannot hold it); else None."""
+def _read_metadata(path: Path, request: dict[str, Any]) -> bytes:
+    """In the prober: open, audit, then touch what commands read from the metadata (hard links). The answer
+    (``_Prober.ask``'s), with, when the audit under the request's options found the file clean, the identity of
+    the file it read (``probe.identity``) and its listing (``listing.to_json``; None when JSON cannot hold it or
+    it is longer than ``LISTING_BYTES``)."""
     import h5py
 
     from rolloutcli.hdf5.limits import SafetyOptions
@@ -188,11 +188,12 @@ def _read_metadata(path: Path, request: dict[str, Any]) -> dict[str, Any] | None
     with h5py.File(path, "r") as handle:
         found = quick_walk(handle, options) or _full_walk(path, handle, options)
         if found is None:
-            return None  # refused: the caller refuses it too, without reading more
-        listing = to_json(found)
-        if listing is not None and len(json.dumps(listing)) > LISTING_BYTES:
-            listing = None
-        return {"clean": identity(os.fstat(handle.id.get_vfd_handle())), "listing": listing}
+            return b'{"status": "ok"}'  # refused: the caller refuses it too, without reading more
+        answer = {"status": "ok", "clean": identity(os.fstat(handle.id.get_vfd_handle())), "listing": to_json(found)}
+        text = json.dumps(answer)
+        if len(text) > LISTING_BYTES:  # the listing is most of it
+            text = json.dumps({**answer, "listing": None})
+        return text.encode()
 
 
 def _full_walk(path: Path, handle: Any, options: Any) -> Any:
