@@ -109,11 +109,16 @@ def reader_signature(reader: RolloutReader) -> Signature:
 
 
 def signature(
-    file: Path, safety: SafetyOptions | None = None, each: Callable[[RolloutReader], None] | None = None
+    file: Path,
+    safety: SafetyOptions | None = None,
+    each: Callable[[RolloutReader], None] | None = None,
+    values: int | None = None,
 ) -> tuple[Signature, tuple[int, int]]:
     """``file``'s per-step fields (:func:`_signature`) and its ``(T, N)``; a file rolloutcli wrote that is no
-    rollout (a split file, a shard) is named as such. ``each(reader)`` is called on the open file (unchecked)."""
-    with dataset_reader(file, safety, check=False) as reader:
+    rollout (a split file, a shard) is named as such. ``each(reader)`` is called on the open file, unchecked, or
+    with its values checked in blocks within ``values`` bytes when given (``RolloutReader``'s check)."""
+    checked = {"check": True, "budget": values} if values is not None else {"check": False}
+    with dataset_reader(file, safety, **checked) as reader:
         if each is not None:
             each(reader)
         return reader_signature(reader), (reader.T, reader.N)
@@ -175,18 +180,20 @@ def check_agreement(
     *,
     same_steps: str | None = None,
     each: Callable[[RolloutReader], None] | None = None,
+    values: int | None = None,
 ) -> list[tuple[int, int]]:
     """``(T, N)`` of each file, after checking every file's per-step fields agree with the first file's.
 
     ``same_steps``: what needs one T (e.g. ``batch --recurrent``); files of another T are then refused.
     ``each(reader)``: called on each file while it is open (files are opened one at a time, in order).
+    ``values``: each file's values are checked too, when it is opened, in blocks within this many bytes.
 
     Raises:
         RolloutError: exit 1 naming both files and the field (missing, other trailing shape or dtype, or T).
     """
     sizes: list[tuple[int, int]] = []
     for i, file in enumerate(probing_ahead(files, safety)):
-        found, size = signature(file, safety, each)
+        found, size = signature(file, safety, each, values)
         sizes.append(size)
         if i == 0:
             first = found

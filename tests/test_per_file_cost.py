@@ -223,3 +223,36 @@ def test_a_dataset_made_low_level_is_h5pys_bytes(tmp_path: Path, shape: tuple[in
         return path.read_bytes()
 
     assert make(tmp_path / "low.h5", True) == make(tmp_path / "h5py.h5", False)
+
+
+def test_a_batch_dataset_checks_each_files_values_once(
+    runs: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``batch`` on a dataset checks each file's values with its fields (the first file again with the export's
+    own reader), not again when its blocks are planned; a bad value is still refused."""
+    import h5py
+    import numpy as np
+
+    from rolloutcli.dataset import resolve
+    from rolloutcli.pipeline.batch import BatchOptions, run_batch
+    from rolloutcli.pipeline.options import RunOptions
+
+    checked: list[str] = []
+    real = RolloutReader.check_values
+    monkeypatch.setattr(RolloutReader, "check_values", lambda self: checked.append(self.path.name) or real(self))
+    files = resolve([runs]).files
+    run_batch(files, tmp_path / "shards", BatchOptions(num_mini_batches=3, offline=True), RunOptions())
+    names = [path.name for path in files]
+    assert sorted(checked) == sorted([*names, names[0]])
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for path in files:
+        (bad / path.name).write_bytes(path.read_bytes())
+    with h5py.File(bad / names[-1], "a") as handle:
+        rewards = handle["rewards"][()]
+        rewards.reshape(-1)[0] = np.nan
+        handle["rewards"][...] = rewards
+    with pytest.raises(RolloutError, match="field 'rewards': expected finite numbers, found 1 NaN/Inf values"):
+        run_batch(resolve([bad]).files, tmp_path / "out", BatchOptions(num_mini_batches=3, offline=True), RunOptions())

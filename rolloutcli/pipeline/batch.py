@@ -190,7 +190,9 @@ def _check_dataset(
         raise usage("--rsl-parity: RSL-RL's order is for one file, found a dataset; drop --rsl-parity.")
     same = None if options.mode == "feedforward" else f"batch --{options.mode}"
     gae: list[tuple[Any, ...]] = []
-    sizes = check_agreement(files, run.safety, same_steps=same, each=lambda reader: gae.append(_gae_values(reader)))
+    # the values are checked here, where the driver waits for the next file's probe, not when blocks are planned
+    each, budget = lambda reader: gae.append(_gae_values(reader)), run.max_memory
+    sizes = check_agreement(files, run.safety, same_steps=same, each=each, values=budget)
     return DatasetFiles(sizes, gae)
 
 
@@ -374,7 +376,8 @@ def run_batch(
         else:
             _check_options(options)
             prepare = partial(_job, options=options, dataset=dataset)
-        return run_export(src, dst, prepare, run, overwrite=overwrite, progress=progress, engine=engine)
+        export = {"overwrite": overwrite, "progress": progress, "engine": engine, "checked": dataset is not None}
+        return run_export(src, dst, prepare, run, **export)
 
 
 def _run_split(

@@ -319,13 +319,15 @@ def run_export(
     overwrite: bool = False,
     progress: Progress | None = None,
     engine: Any = None,
+    checked: bool = False,
 ) -> dict[str, Any]:
     """Write the shard folder ``dst`` from ``src``; ``prepare(reader)`` checks the source, builds the job.
 
     ``src`` a list of files (a dataset): ``prepare`` gets the first file's reader (the job knows the dataset
     from its own check; the other files are opened one at a time, never all at once). ``engine``
     (:class:`~rolloutcli.pipeline.engine.EngineOptions`) with more than one worker or Ray: the map and reduce
-    units of :mod:`~rolloutcli.pipeline.parallel_export` (jobs with a ``shape``), the same bytes.
+    units of :mod:`~rolloutcli.pipeline.parallel_export` (jobs with a ``shape``), the same bytes. ``checked``:
+    the caller checked the values of the dataset's files (``check_agreement``'s ``values``), not checked again.
     """
     parallel = engine is not None and (engine.engine == "ray" or engine.workers > 1)
     if parallel:
@@ -341,13 +343,14 @@ def run_export(
 
         def opened(path: Path, check: bool = False) -> AbstractContextManager[RolloutReader]:
             """The first file's reader (open for the whole export) or a new one: the values of the other files
-            are checked once, when their blocks are planned (``_sources``), and not again when they are read."""
+            are checked once, when their blocks are planned (``_sources``) unless ``checked``, and not again
+            when they are read."""
             if path is srcs[0]:
                 return nullcontext(first)
             return RolloutReader(path, run.safety, check=check, budget=run.max_memory)
 
         job = prepare(first)
-        sources = _sources(srcs, job, run, partial(opened, check=True))
+        sources = _sources(srcs, job, run, partial(opened, check=not checked))
         blocks = sum(len(s.blocks) for s in sources)
         streamed = sum(s.T * s.N for s in sources) * job.read_bytes > run.max_memory // 2
         passes = job.plan.passes
