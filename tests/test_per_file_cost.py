@@ -217,7 +217,7 @@ def test_a_dataset_made_low_level_is_h5pys_bytes(tmp_path: Path, shape: tuple[in
                 for index in ((), columns):
                     part = np.ascontiguousarray(value[index])
                     if low:
-                        write_array(made, index, part)
+                        write_array((made, shape), index, part)
                     else:
                         made[index] = part
         return path.read_bytes()

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from rolloutcli.hdf5.rename import libc_function
-from rolloutcli.hdf5.writer import new_dataset, open_for_update, write_array
+from rolloutcli.hdf5.writer import Target, new_dataset, open_for_update, write_array
 
 COPY_STEP = 64 << 20  # bytes per kernel copy call: write-back starts (and progress moves) every 64 MiB
 _SYNC_FILE_RANGE_WRITE = 2
@@ -66,7 +66,7 @@ class OpenCopy:
 
     def __init__(self, path: Path) -> None:
         self._handle = open_for_update(path)
-        self._created: dict[str, Any] = {}
+        self._created: dict[str, Target] = {}
 
     def __enter__(self) -> OpenCopy:
         return self
@@ -93,7 +93,7 @@ class OpenCopy:
     def create(self, name: str, steps: int, envs: int, dtype: Any = np.float32) -> None:
         """A new empty ``[T, N]`` dataset ``name`` (float32 unless told; replacing any), filled by :meth:`write`."""
         self.remove(name)
-        self._created[name] = new_dataset(self._handle, name, (steps, envs), dtype)
+        self._created[name] = new_dataset(self._handle, name, (steps, envs), dtype), (steps, envs)
 
     def write(self, name: str, start: int, stop: int, block: np.ndarray) -> None:
         """Env columns ``[start, stop)`` of a dataset made by :meth:`create`."""
@@ -101,7 +101,7 @@ class OpenCopy:
 
     def read_written(self, name: str, start: int, stop: int) -> np.ndarray:
         """Env columns ``[start, stop)`` of a dataset made by :meth:`create`, as written."""
-        return np.asarray(self._created[name][:, start:stop])
+        return np.asarray(self._created[name][0][:, start:stop])
 
     def set_attrs(self, attrs: Mapping[str, Any], name: str = "/") -> None:
         """Set attributes of the root (or of the object ``name``); None removes an attribute."""

@@ -43,10 +43,13 @@ def to_numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
     return value.cpu().numpy() if hasattr(value, "detach") else value
 
 
-def _fills(dataset: h5py.h5d.DatasetID, index: tuple[Any, ...], array: np.ndarray) -> bool:
-    """Whether ``dataset[index] = array`` writes all of ``dataset`` from a C-ordered ``array`` of its shape and
-    plain numeric dtype (then it is written whole, with the same bytes)."""
-    shape, dtype = dataset.shape, dataset.dtype
+# A dataset open for writing and its shape (``DatasetID.shape`` costs ~15 us, as much as a small file's write).
+Target = tuple[h5py.Dataset, tuple[int, ...]]
+
+
+def _fills(shape: tuple[int, ...], dtype: np.dtype, index: tuple[Any, ...], array: np.ndarray) -> bool:
+    """Whether ``dataset[index] = array`` writes all of a dataset of ``shape`` and ``dtype`` from a C-ordered
+    ``array`` of its shape and plain numeric dtype (then it is written whole, with the same bytes)."""
     if array.shape != shape or array.dtype != dtype or dtype.kind not in "iuf" or not array.flags.c_contiguous:
         return False
     return array.size > 0 and selects_all(index, shape)
@@ -64,10 +67,11 @@ def new_dataset(parent: Any, name: str, shape: tuple[int, ...], dtype: Any) -> h
     return h5py.Dataset(h5py.h5d.create(parent.id, name.encode(), tid, space, dcpl=plist))
 
 
-def write_array(dataset: h5py.Dataset, index: tuple[Any, ...], array: np.ndarray) -> None:
+def write_array(target: Target, index: tuple[Any, ...], array: np.ndarray) -> None:
     """``dataset[index] = array``; all of it, from an array of its shape and dtype, through the low-level write
     (no selection: h5py's costs ~0.2 ms)."""
-    if _fills(dataset.id, index, array):
+    dataset, shape = target
+    if _fills(shape, dataset.dtype, index, array):
         dataset.id.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
     else:
         dataset[index] = array
@@ -137,7 +141,7 @@ class RolloutOutput:
         # Copied datasets holding object references, (source name, output name): libhdf5's copy across files
         # nulls their references, so :meth:`copy_attrs` writes them again, re-pointed into the output.
         self._references: list[tuple[str, str]] = []
-        self._objects: dict[str, h5py.Dataset] = {}  # the datasets made or written to, by name (open)
+        self._objects: dict[str, Target] = {}  # the datasets made or written to, by name (open)
 
     def __enter__(self) -> RolloutOutput:
         return self
@@ -190,7 +194,7 @@ class RolloutOutput:
         if like is not None:
             dtype = self._stored_type(like)
         self._parents(name)
-        self._objects[name] = self._do(lambda: new_dataset(self.file, name, shape, dtype))
+        self._objects[name] = self._do(lambda: new_dataset(self.file, name, shape, dtype)), tuple(shape)
 
     def _stored_type(self, name: str) -> Any:
         source = self._source()
@@ -205,9 +209,10 @@ class RolloutOutput:
         """``dataset[index] = value``."""
         array = to_numpy(value)
         if name not in self._objects:  # looked up once, low-level (File[name] costs ~0.12 ms, paid on every block)
-            self._objects[name] = self._do(lambda: h5py.Dataset(h5py.h5d.open(self.file.id, name.encode())))
-        dataset = self._objects[name]
-        self._do(lambda: write_array(dataset, index, array))
+            found = self._do(lambda: h5py.Dataset(h5py.h5d.open(self.file.id, name.encode())))
+            self._objects[name] = found, found.shape
+        target = self._objects[name]
+        self._do(lambda: write_array(target, index, array))
 
     def release(self, names: Iterable[str]) -> None:
         """Close the datasets :meth:`create` made or :meth:`write` looked up: an export of many episodes keeps open
