@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from rich.cells import cell_len
@@ -113,9 +114,23 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def to_json(result: dict[str, Any]) -> str:
-    """One JSON object on one line; NaN and Infinity become null."""
-    return json.dumps(_plain(result), default=str, allow_nan=False)
+def json_pieces(result: dict[str, Any]) -> Iterator[str]:
+    """``json.dumps(result)`` (one line; NaN and Infinity as null) in pieces, a list in ``result`` an item at a
+    time: a dataset's report holds a row per file, and its whole text, with the encoder's own pieces of it, took
+    ~1.2 KB a file of the driver's memory while it was printed (3.6 MB more for 3,000 files)."""
+    for k, (key, value) in enumerate(result.items()):
+        yield ("{" if k == 0 else ", ") + _dumps(str(key)) + ": "
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                yield ("[" if i == 0 else ", ") + _dumps(item)
+            yield "]" if value else "[]"
+        else:
+            yield _dumps(value)
+    yield "}" if result else "{}"
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(_plain(value), default=str, allow_nan=False)
 
 
 def _size(num: float) -> str:
