@@ -198,6 +198,24 @@ def test_inspect_a_dataset_table_totals_and_statistics_over_all_files(cli, runs:
     report = json.loads(out)
     assert [f["name"] for f in report["files"]] == ["a/r1.h5", "r0.h5", "r2.h5"]
     assert [(f["T"], f["N"]) for f in report["files"]] == [(12, 3), (20, 2), (12, 4)]
+    # the rows are kept as five numbers a file (dataset_totals.Rows) and made whole as they are printed
+    files = resolve([runs]).files
+    singles = [json.loads(cli("inspect", f, "--json")[1]) for f in files]
+    assert report["files"] == [
+        {
+            "file": str(f),
+            "name": name,
+            "size_bytes": f.stat().st_size,
+            "T": one["T"],
+            "N": one["N"],
+            "steps": one["T"] * one["N"],
+            "episodes": one["episodes"]["completed"],
+            "warnings": 0,
+        }
+        for f, name, one in zip(files, ["a/r1.h5", "r0.h5", "r2.h5"], singles, strict=True)
+    ]
+    code, text, _ = cli("inspect", runs)
+    assert code == 0 and all(f"\n{name} " in text for name in ("a/r1.h5", "r0.h5", "r2.h5")), text
     assert report["totals"] == {
         "files": 3,
         "steps": 36 + 40 + 48,
