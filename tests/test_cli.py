@@ -158,6 +158,35 @@ def test_json_has_no_nan(tmp_path: Path, cli) -> None:
     assert report["attrs"]["score"] is None and report["attrs"]["best"] is None and report["attrs"]["values"] == [None]
 
 
+def test_json_written_in_pieces_is_json_dumps_byte_for_byte() -> None:
+    """``emit`` writes a result's JSON a top-level list item at a time (a dataset's report holds a row per file):
+    the text is ``json.dumps`` of the plain result, whatever the values."""
+    import torch
+
+    from rolloutcli.cli.render import _plain, json_pieces, printable
+    from rolloutcli.pipeline.dataset_totals import Rows
+
+    rows = [{"file": Path(f"{i}.h5"), "n": np.int64(i), "mean": np.float32(0.5) if i else np.nan} for i in range(3)]
+    results = [
+        {},
+        {"files": rows, "empty": [], "pair": (1, "b"), "nested": {"x": [1, [2, {3: np.inf}]], 4: None}},
+        {"only": [np.arange(3), b"\xff", "é\n\u2028"], "array": np.array([[1.5, np.nan]]), "flag": np.bool_(True)},
+        {1: "key", None: [None], False: [[]], "tensor": torch.ones(2)},
+    ]
+    for result in results:
+        expected = json.dumps(_plain(result), default=str, allow_nan=False)
+        assert "".join(json_pieces(result)) == expected
+        json.loads(expected)
+    # rows made as they are read (dataset_totals.Rows): written, and made printable, as the list they stand for
+    made = Rows(3, lambda i: rows[i])
+    assert len(made) == 3 and made[-1] is rows[2] and list(made) == rows
+    with pytest.raises(IndexError):
+        made[3]
+    lazy, listed = {"files": made, "empty": Rows(0, rows.__getitem__)}, {"files": rows, "empty": []}
+    assert "".join(json_pieces(lazy)) == json.dumps(_plain(listed), default=str, allow_nan=False)
+    assert printable(lazy) == printable(listed)
+
+
 def test_time_is_the_whole_command_and_no_rate_for_small_outputs(tmp_path: Path, cli, monkeypatch) -> None:
     import types
 

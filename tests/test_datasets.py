@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from pathlib import Path
@@ -44,7 +45,7 @@ def test_resolve_sorts_dedups_and_names(runs: Path, tmp_path: Path) -> None:
     assert data.names == ("a/r1.h5", "r0.h5", "r2.h5") and data.many
     assert resolve([str(runs / "r*.h5")]).names == ("r0.h5", "r2.h5")
     one = resolve([runs / "r0.h5"])
-    assert not one.many and one.files == (runs / "r0.h5",)
+    assert not one.many and list(one.files) == [runs / "r0.h5"]
     assert resolve([runs / "r2.h5", runs / "r0.h5"]).names == ("r0.h5", "r2.h5")
     os.symlink(runs / "r0.h5", tmp_path / "link.h5")
     with pytest.raises(RolloutError, match="the same file as") as error:
@@ -57,6 +58,20 @@ def test_resolve_sorts_dedups_and_names(runs: Path, tmp_path: Path) -> None:
     with pytest.raises(RolloutError, match=r"nope\*.h5: expected files matching the pattern, found none") as error:
         resolve([str(tmp_path / "nope*.h5")])
     assert error.value.exit_code == 2
+
+
+def test_resolve_keeps_each_path_as_pathlib_gives_it(runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files are held packed (``dataset.Paths``), each read back as the ``Path`` of the name found, however
+    the argument was spelt (``./``, doubled or trailing slashes), in order, from either end."""
+    monkeypatch.chdir(runs.parent)
+    for arg in ("./runs/", "runs//", "runs", str(runs), "./runs//r*.h5"):
+        found = resolve([arg]).files
+        pattern = arg if "*" in arg else os.path.join(arg, "**", "*.h5")
+        expected = sorted(map(Path, glob.glob(pattern, recursive=True)), key=os.path.abspath)
+        assert list(found) == expected and [str(p) for p in found] == [str(p) for p in expected], arg
+        assert len(found) == len(expected) and found[-1] == expected[-1] and found[0] == expected[0]
+        with pytest.raises(IndexError):
+            found[len(expected)]
 
 
 def test_schema_agreement_names_both_files_and_the_field(runs: Path, tmp_path: Path) -> None:
@@ -183,6 +198,24 @@ def test_inspect_a_dataset_table_totals_and_statistics_over_all_files(cli, runs:
     report = json.loads(out)
     assert [f["name"] for f in report["files"]] == ["a/r1.h5", "r0.h5", "r2.h5"]
     assert [(f["T"], f["N"]) for f in report["files"]] == [(12, 3), (20, 2), (12, 4)]
+    # the rows are kept as five numbers a file (dataset_totals.Rows) and made whole as they are printed
+    files = resolve([runs]).files
+    singles = [json.loads(cli("inspect", f, "--json")[1]) for f in files]
+    assert report["files"] == [
+        {
+            "file": str(f),
+            "name": name,
+            "size_bytes": f.stat().st_size,
+            "T": one["T"],
+            "N": one["N"],
+            "steps": one["T"] * one["N"],
+            "episodes": one["episodes"]["completed"],
+            "warnings": 0,
+        }
+        for f, name, one in zip(files, ["a/r1.h5", "r0.h5", "r2.h5"], singles, strict=True)
+    ]
+    code, text, _ = cli("inspect", runs)
+    assert code == 0 and all(f"\n{name} " in text for name in ("a/r1.h5", "r0.h5", "r2.h5")), text
     assert report["totals"] == {
         "files": 3,
         "steps": 36 + 40 + 48,

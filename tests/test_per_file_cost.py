@@ -177,7 +177,7 @@ def test_small_blocks_are_scattered_together_with_the_same_bytes(
         real_add(self, *args, **kwargs)
 
     monkeypatch.setattr(ShardScatter, "add", counted)
-    files = resolve([runs]).files  # a tuple: a dataset all the same
+    files = resolve([runs]).files  # dataset.Paths, not a list: a dataset all the same
     outs = []
     for limit in (1 << 20, 0):
         monkeypatch.setattr(shard_export, "GATHER_BYTES", limit)

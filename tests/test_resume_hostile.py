@@ -17,6 +17,7 @@ import pytest
 from rollout_factory import rollout_arrays, write_rollout
 from test_datasets import _split_failing_last, tree
 
+from rolloutcli.errors import RolloutError
 from rolloutcli.pipeline.dataset_job import partial_folder
 from rolloutcli.pipeline.dataset_journal import JOURNAL, MAX_DEPTH, RECORD
 
@@ -192,3 +193,40 @@ def test_a_planted_file_moved_out_the_resumed_run_keeps_every_output(runs: Path,
     assert json.loads(done.stdout)["reused"] == 3
     fresh = subprocess.run([sys.executable, "-m", "rolloutcli", "split", str(runs), "-o", str(tmp_path / "fresh")])
     assert fresh.returncode == 0 and tree(out) == tree(tmp_path / "fresh")
+
+
+def test_the_first_stray_is_named_and_temporaries_dropped_as_listed_in_order(tmp_path: Path) -> None:
+    """The checks stream each folder's listing (a sorted listing held ~1 KB an entry in the driver): with several
+    strays, the one named is still the first by name within a folder, a folder's entries before those of its
+    folders; temporaries (files, symlinks) are removed at any depth, nothing else is."""
+    from rolloutcli.pipeline.dataset_partial import check_partial_folder, check_published, drop_temporaries
+
+    folder = tmp_path / "partial"
+    for name in ("r0.h5", "a/r1.h5", "a/b/r2.h5", RECORD, "z.sh", "c.sh", "a/b.sh", "a/b/0.sh", "d/e.sh"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(name)
+    names = ["r0.h5", "a/r1.h5", "a/b/r2.h5"]
+    for stray in ("c.sh", "d", "z.sh", "a/b.sh", "a/b/0.sh"):
+        with pytest.raises(RolloutError, match=f"{folder / stray}: a (file|folder) in the partial folder") as error:
+            check_published(folder, names, RECORD)
+        assert error.value.exit_code == 4
+        if stray == "d":
+            shutil.rmtree(folder / stray)
+        else:
+            (folder / stray).unlink()
+    check_published(folder, names, RECORD)
+    os.mkfifo(folder / "a" / "b" / "f")
+    os.mkfifo(folder / "a" / "e")
+    with pytest.raises(RolloutError, match=f"{folder / 'a' / 'e'}: a FIFO in the partial folder"):
+        check_partial_folder(folder, names)
+    os.unlink(folder / "a" / "e")
+    temporaries = [".r0.h5.rolloutcli-tmp-1", "a/b/.r2.h5.rolloutcli-tmp-2", "a/.link.rolloutcli-tmp-3"]
+    (folder / temporaries[0]).write_text("half")
+    (folder / temporaries[1]).write_text("half")
+    os.symlink(folder / "nowhere", folder / temporaries[2])
+    os.mkfifo(folder / "a" / ".fifo.rolloutcli-tmp-4")  # no file: not the run's to remove
+    with pytest.raises(RolloutError, match=f"{folder / 'a' / 'b' / 'f'}: a FIFO"):
+        check_partial_folder(folder, names)  # temporaries pass (dropped next); the FIFO does not
+    drop_temporaries(folder)
+    assert not any(os.path.lexists(folder / name) for name in temporaries)
+    assert (folder / "a" / ".fifo.rolloutcli-tmp-4").is_fifo() and (folder / "a" / "b" / "r2.h5").is_file()

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rolloutcli.cli.render import printable, stdout, to_json
+from rolloutcli.cli.render import json_pieces, printable, stdout
 from rolloutcli.errors import EXIT_IO, EXIT_USAGE, RolloutError
 
 MAX_COUNT = (1 << 62) - 1  # upper bound of counts and lengths: far beyond any file, inside int64
@@ -297,9 +297,6 @@ class GuardedStdout:
         return getattr(self._stream, name)
 
 
-JSON_SLICE = 1 << 16  # characters of the JSON result written to stdout at a time
-
-
 def emit(
     summary: dict[str, Any], render: Callable[..., None], json_output: bool, quiet: bool, output: Path | None = None
 ) -> None:
@@ -311,9 +308,8 @@ def emit(
         summary["gb_per_s"] = summary["bytes_written"] / seconds / 1e9 if seconds > 0 else None
     try:
         if json_output:
-            text = to_json(summary)
-            for start in range(0, len(text), JSON_SLICE):  # not encoded into one copy of a dataset's whole report
-                sys.stdout.write(text[start : start + JSON_SLICE])
+            for piece in json_pieces(summary):  # never the whole text at once: a dataset's report is large
+                sys.stdout.write(piece)
             sys.stdout.write("\n")
         elif not quiet:
             render(stdout, printable(summary))

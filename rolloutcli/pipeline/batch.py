@@ -17,7 +17,7 @@ import torch
 from rolloutcli.core.batching import BatchPlan, ShardPlan, gather_fields, plan_batches, side_plan
 from rolloutcli.core.order import ALGORITHM, ORDER_VERSION, ROUNDS
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
-from rolloutcli.dataset import check_agreement
+from rolloutcli.dataset import Paths, check_agreement
 from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.hdf5.probe import probed_once
 from rolloutcli.hdf5.reader import RolloutReader
@@ -344,7 +344,7 @@ def _job(
 
 
 def run_batch(
-    src: Path | list[Path] | tuple[Path, ...],
+    src: Path | list[Path] | tuple[Path, ...] | Paths,
     dst: Path,
     options: BatchOptions | HistoryOptions | TransitionOptions,
     run: RunOptions,
@@ -363,7 +363,7 @@ def run_batch(
         RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
             a chunk (exit 2), missing fields (exit 1), I/O faults (exit 3).
     """
-    if isinstance(src, tuple):  # a Dataset's files: a dataset, not one file (a tuple once planned its first file)
+    if isinstance(src, (tuple, Paths)):  # a Dataset's files (or a tuple of files): a dataset, not one file
         src = list(src)
     with probed_once():  # a dataset's files are opened several times here: to check them, then to export them
         if hold_out is not None:

@@ -21,13 +21,18 @@ from typing import Any
 
 from rolloutcli.dataset import Dataset, Signature, check_agrees, file_hash, signature
 from rolloutcli.errors import EXIT_IO, EXIT_UNSAFE, EXIT_USAGE, RolloutError, stop_if_signalled
-from rolloutcli.hdf5.atomic import TEMP_MARKER, folder_sync_deferred, fsync_dir
+from rolloutcli.hdf5.atomic import folder_sync_deferred, fsync_dir
 from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.probe import probe_ahead, probed_once
 from rolloutcli.hdf5.reader import kept_open
 from rolloutcli.hdf5.rename import rename_noreplace
 from rolloutcli.pipeline.dataset_journal import JOURNAL, RECORD, Journal, earlier_entries
-from rolloutcli.pipeline.dataset_partial import check_partial_folder, check_published, discard_partial
+from rolloutcli.pipeline.dataset_partial import (
+    check_partial_folder,
+    check_published,
+    discard_partial,
+    drop_temporaries,
+)
 from rolloutcli.pipeline.dataset_totals import Totals, compact
 from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
 from rolloutcli.pipeline.progress import Progress, unit_progress
@@ -99,14 +104,6 @@ def _drop_stale(tmp: Path, name: str, out: dict[str, Any]) -> None:
         path.unlink()
 
 
-def _drop_temporaries(tmp: Path) -> None:
-    """Remove what units of a killed run, or attempts lost with their node, were writing into ``tmp``
-    (``.<name>.rolloutcli-tmp-*``: a SIGKILL removes nothing), so it is never published."""
-    for path in sorted(tmp.rglob(f"*{TEMP_MARKER}*")):
-        if path.is_file() or path.is_symlink():
-            path.unlink(missing_ok=True)
-
-
 def _input_entry(path: Path, name: str) -> dict[str, Any]:
     return {"path": os.path.abspath(path), **_entry(path, name)}
 
@@ -171,7 +168,7 @@ def run_dataset(
     earlier: Iterable[dict[str, Any]] = ()
     if resume and os.path.lexists(tmp):
         check_partial_folder(tmp, dataset.names)  # a symlink, a FIFO: refused before anything is read or changed
-        _drop_temporaries(tmp)
+        drop_temporaries(tmp)
         earlier = earlier_entries(tmp, head, len(dataset.files))  # other options: refused here, as above
     first = Path(os.path.abspath(dataset.files[0]))
     base: Base = (first, signature(first, safety)[0] if rollouts else None, safety)
@@ -192,7 +189,7 @@ def run_dataset(
         raise
     finally:
         close_pools()
-    _drop_temporaries(tmp)  # an attempt lost with its node (Ray then retried its unit) left what it was writing
+    drop_temporaries(tmp)  # an attempt lost with its node (Ray then retried its unit) left what it was writing
     journal.compact()
     check_published(tmp, dataset.names, RECORD)  # a file planted in the folder: refused, never published
     _publish(tmp, dst, overwrite)
