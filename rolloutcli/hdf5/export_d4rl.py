@@ -57,7 +57,9 @@ def export_d4rl(
     the user gave; ``out`` may be its temporary), or ``out``."""
     shown = Path(label or out)
     check_plan(shown, plan, TARGET)
-    sides = {e.number: split_side(valid, e) for e in plan.episodes}
+    sides = np.empty(len(plan.episodes), "U5")  # by episode number (0, 1, ...): arrays, no dict an episode
+    for e in plan.episodes:
+        sides[e.number] = split_side(valid, e)
     first, sizes = _rows(plan, sides)
     paths = {"train": out} if valid is None else {s: out / name for s, name in SPLIT_FILES.items()}
     if valid is not None:
@@ -77,16 +79,16 @@ def export_d4rl(
             _flags_and_attrs(h5, plan, [e for e in plan.episodes if sides[e.number] == side], first)
         for chunk in chunks:
             number = chunk.episode.number
-            count.add(chunk, _write_chunk(shown, files[sides[number]], chunk, first[number], names))
+            count.add(chunk, _write_chunk(shown, files[str(sides[number])], chunk, int(first[number]), names))
         count.check(shown)
     return warnings(plan, TARGET)
 
 
-def _rows(plan: EpisodePlan, sides: dict[int, str]) -> tuple[dict[int, int], dict[str, int]]:
+def _rows(plan: EpisodePlan, sides: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
     """Each episode's first row in its file, and each file's rows (episodes end to end, in episode order)."""
-    first, sizes = {}, {"train": 0, "valid": 0}
+    first, sizes = np.zeros(len(plan.episodes), np.int64), {"train": 0, "valid": 0}
     for episode in sorted(plan.episodes, key=lambda e: e.number):
-        side = sides[episode.number]
+        side = str(sides[episode.number])
         first[episode.number] = sizes[side]
         sizes[side] += kept_steps(episode)
     return first, sizes
@@ -112,7 +114,7 @@ def _create(h5: RolloutOutput, plan: EpisodePlan, names: dict[str, tuple[str, st
     h5.set_attrs({"source_files": file_names(plan)})
 
 
-def _flags_and_attrs(h5: RolloutOutput, plan: EpisodePlan, episodes: list[Episode], first: dict[int, int]) -> None:
+def _flags_and_attrs(h5: RolloutOutput, plan: EpisodePlan, episodes: list[Episode], first: np.ndarray) -> None:
     """``terminals`` and ``timeouts``, known from the plan (one flag per episode, at its last kept row; held as
     the row indices only), and the partial episodes' rows."""
     ends = [(first[e.number] + kept_steps(e) - 1, e) for e in episodes if kept_steps(e)]
