@@ -31,11 +31,11 @@ END_OPEN, END_DONE, END_TIMEOUT = 0, 1, 2
 class FileFacts:
     """What the plan needs of one file.
 
-    ``segments``: int64 rows ``(lane, start, stop, end)`` as bytes, lane by lane, each lane in time order (see
-    :func:`lane_segments`); ``end``: ``END_*``. Only for a file of a recording (``None`` for a file alone, never
-    compared with another): ``hashes``, uint64 per env of the hash of its first observations (every key), then,
-    where ``has_last``, of its ``last_observations``; ``done_last``, int64 envs whose episode ended at the last
-    step (the next file starts after a reset).
+    ``segments``: rows ``(lane, start, stop, end)`` as bytes (of :func:`_row_type`), lane by lane, each lane in
+    time order (see :func:`lane_segments`); ``end``: ``END_*``. Only for a file of a recording (``None`` for a
+    file alone, never compared with another): ``hashes``, uint64 per env of the hash of its first observations
+    (every key), then, where ``has_last``, of its ``last_observations``; ``done_last``, int64 envs whose episode
+    ended at the last step (the next file starts after a reset).
     """
 
     recording: str | None
@@ -50,7 +50,7 @@ class FileFacts:
     done_last: bytes | None = None
 
     def rows(self) -> np.ndarray:
-        return np.frombuffer(self.segments, np.int64).reshape(-1, 4)
+        return np.frombuffer(self.segments, _row_type(self.T)).reshape(-1, 4)
 
     def first(self) -> np.ndarray:
         return np.frombuffer(self.hashes or b"", np.uint64)[: self.N]
@@ -130,13 +130,18 @@ def _recording(reader: RolloutReader) -> tuple[str | None, int | None]:
     return rid, int(index)
 
 
+def _row_type(T: int) -> type:
+    """The integers of a file's segment rows: int32 where its steps fit (half the bytes held a file), else int64."""
+    return np.int32 if T < 2**31 else np.int64
+
+
 def _segments(dones: np.ndarray, skip: np.ndarray | None, outs: np.ndarray) -> bytes:
     """The rows of :attr:`FileFacts.segments`."""
     rows = [
         (s.lane, s.start, s.stop, END_OPEN if not s.ended else END_TIMEOUT if outs[s.stop - 1, s.lane] else END_DONE)
         for s in lane_segments(dones, skip)
     ]
-    return np.array(rows, np.int64).reshape(-1, 4).tobytes()
+    return np.array(rows, _row_type(len(dones))).reshape(-1, 4).tobytes()
 
 
 def read_facts(

@@ -22,7 +22,7 @@ from rolloutcli.fields import AUTORESET
 from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, SafetyOptions
 from rolloutcli.hdf5.probe import probing_ahead
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.pipeline.engine import EngineOptions, run_units
+from rolloutcli.pipeline.engine import EngineOptions, Unit, run_units
 from rolloutcli.pipeline.episode_facts import END_OPEN, END_TIMEOUT, FileFacts, observation_paths, read_facts
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
 
@@ -138,6 +138,23 @@ def _walk(
     return kept, partials
 
 
+class _FactUnits(Sequence[Unit]):
+    """A unit of :func:`read_facts` a file, made when the engine takes it (a list of them held ~160 B a file for
+    the whole read); ``ahead``: the units run in order here, each probes the next file."""
+
+    def __init__(self, files: Sequence[Path], safety: SafetyOptions | None, budget: int, ahead: bool) -> None:
+        self.files, self.safety, self.budget, self.ahead = files, safety, budget, ahead
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> Unit:  # type: ignore[override]  # no slices: the engine takes one at a time
+        if not 0 <= i < len(self.files):
+            raise IndexError(i)
+        ahead = self.files[i + 1] if self.ahead and i + 1 < len(self.files) else None
+        return read_facts, (self.files[i], self.safety, self.budget, ahead)
+
+
 def plan_episodes(
     files: Sequence[Path],
     names: Sequence[str],
@@ -169,8 +186,7 @@ def plan_episodes(
 
     engine = engine or EngineOptions()
     serial = engine.engine == "local" and engine.workers == 1  # the units run in order, here: each probes the next
-    aheads = [*files[1:], None] if serial else [None] * len(files)
-    run_units([(read_facts, (p, safety, budget, a)) for p, a in zip(files, aheads, strict=True)], engine, done)
+    run_units(_FactUnits(files, safety, budget, serial), engine, done)
     for i in np.flatnonzero(digests != digests[0]).tolist():  # the fields again, for the message naming both files
         check_agrees(files[0], first, files[i], signature(files[i], safety)[0])
     plan = EpisodePlan([], [], {}, {})
