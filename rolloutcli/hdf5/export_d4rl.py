@@ -116,25 +116,29 @@ def _create(h5: RolloutOutput, plan: EpisodePlan, names: dict[str, tuple[str, st
 
 def _flags_and_attrs(h5: RolloutOutput, plan: EpisodePlan, episodes: list[Episode], first: np.ndarray) -> None:
     """``terminals`` and ``timeouts``, known from the plan (one flag per episode, at its last kept row; held as
-    the row indices only), and the partial episodes' rows."""
-    ends = [(first[e.number] + kept_steps(e) - 1, e) for e in episodes if kept_steps(e)]
-    rows = sum(kept_steps(e) for e in episodes)
-    terminal = [row for row, e in ends if e.terminated and e.has_next]
-    timeout = [row for row, e in ends if not (e.terminated and e.has_next)]
-    for name, where in (("terminals", terminal), ("timeouts", timeout)):
+    the row indices only), and the partial episodes' rows. Columns of the episodes, in their order: no tuple or
+    row object an episode."""
+
+    def column(value: Callable[[Episode], int], dtype: type) -> np.ndarray:
+        return np.fromiter((value(e) for e in episodes), dtype, count=len(episodes))
+
+    kept = column(kept_steps, np.int64)
+    starts = first[column(lambda e: e.number, np.int64)]
+    has, ends = kept > 0, starts + kept - 1
+    ended = column(lambda e: e.terminated and e.has_next, bool)
+    rows = int(kept.sum())
+    for name, where in (("terminals", ends[has & ended]), ("timeouts", ends[has & ~ended])):
         h5.create(name, (rows,), bool)
         _set_rows(h5, name, rows, where)
     h5.set_attrs(
         {
-            "partial_start_rows": np.array(
-                [first[e.number] for e in episodes if e.partial_start and kept_steps(e)], np.int64
-            ),
-            "partial_end_rows": np.array([row for row, e in ends if e.partial_end], np.int64),
+            "partial_start_rows": starts[has & column(lambda e: e.partial_start, bool)],
+            "partial_end_rows": ends[has & column(lambda e: e.partial_end, bool)],
         }
     )
 
 
-def _set_rows(h5: RolloutOutput, name: str, rows: int, where: list[int], block: int = 1 << 20) -> None:
+def _set_rows(h5: RolloutOutput, name: str, rows: int, where: np.ndarray, block: int = 1 << 20) -> None:
     """``name[where] = True``, every row written, a block of rows at a time (memory stays one block)."""
     marks = np.asarray(where, np.int64)
     for start in range(0, rows, block):
