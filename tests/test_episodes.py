@@ -187,3 +187,62 @@ def test_an_env_done_at_the_files_end_is_not_compared(tmp_path: Path) -> None:
         f["last_observations/policy"][0] += 1
     with pytest.raises(RolloutError, match="field 'observations' of env 0 at step 0"):
         plan_episodes(files, [f.name for f in files])
+
+
+def test_a_files_facts_are_its_segments_and_hashes(tmp_path: Path) -> None:
+    """The compact facts (bytes) say what lane_segments and the flags say; hashes only where compared."""
+    from rolloutcli.pipeline.episode_facts import END_DONE, END_OPEN, END_TIMEOUT, read_facts
+
+    arrays = long_recording(12, 3, seed=8)
+    arrays["dones"][[2, 5, 11], [0, 1, 2]] = 1
+    arrays["time_outs"][:] = 0
+    arrays["time_outs"][5, 1] = 1
+    skip = np.zeros((12, 3), np.uint8)
+    skip[3, 0] = 1  # the step after a done of env 0: no step of any episode
+    arrays["autoreset_steps"] = skip
+    dones = arrays["dones"] != 0
+    alone = write_rollout(tmp_path / "alone.h5", arrays)
+    facts, _ = read_facts(alone, None, 1 << 20)
+    expected = [
+        (
+            s.lane,
+            s.start,
+            s.stop,
+            END_OPEN if not s.ended else END_TIMEOUT if arrays["time_outs"][s.stop - 1, s.lane] else END_DONE,
+        )
+        for s in lane_segments(dones, skip != 0)
+    ]
+    assert facts.rows().tolist() == [list(row) for row in expected]
+    assert (facts.T, facts.N, facts.recording, facts.hashes, facts.done_last) == (12, 3, None, None, None)
+    one = write_rollout(tmp_path / "one.h5", arrays, {"recording_id": "r", "recording_index": 0})
+    facts, _ = read_facts(one, None, 1 << 20)
+    assert facts.first().shape == facts.last().shape == (3,) and facts.first().dtype == np.uint64
+    assert facts.lanes_done_last().tolist() == np.flatnonzero(dones[-1]).tolist()
+
+
+def test_interleaved_recordings_and_lone_files_plan_as_each_alone(tmp_path: Path) -> None:
+    """Two recordings whose files' names interleave, beside files without a recording: each recording's episodes
+    are its long recording's, its pieces tile each episode over consecutive files, and the lone files' episodes
+    are theirs; one id string per recording (not one per file)."""
+    a, b = long_recording(30, 2, seed=9), long_recording(24, 3, seed=10)
+    folder = tmp_path / "mixed"
+    files = cut(folder, a, [8, 12, 10], rid="run-a") + cut(folder / "b", b, [9, 6, 9], rid="run-b")
+    files += cut(folder / "c", long_recording(10, 2, seed=11), [10], rid="")
+    files = sorted(files)
+    plan = plan_episodes(files, [str(f.relative_to(folder)) for f in files], partial=True)
+    for rid, arrays in (("run-a", a), ("run-b", b)):
+        mine = [e for e in plan.episodes if e.recording == rid]
+        assert [(e.start, e.lane, e.steps, e.partial) for e in mine] == reference(arrays, False)
+        assert len({id(e.recording) for e in mine}) == 1
+    alone = [e for e in plan.episodes if e.recording not in ("run-a", "run-b")]
+    assert alone and all(e.first_file == e.last_file for e in alone)
+    tiles: dict[int, list[tuple[int, int, int, int]]] = {}
+    for k, pieces in plan.pieces.items():
+        for ep, start, stop, offset in pieces:
+            tiles.setdefault(ep.number, []).append((k, start, stop, offset))
+    for ep in plan.episodes:
+        got = sorted(tiles[ep.number])
+        assert [k for k, *_ in got] == list(range(ep.first_file, ep.last_file + 1))
+        assert [offset for *_, offset in got] == list(np.cumsum([0] + [stop - start for _, start, stop, _ in got])[:-1])
+        assert sum(stop - start for _, start, stop, _ in got) == ep.steps
+        assert all(start == 0 for _, start, _, _ in got[1:])

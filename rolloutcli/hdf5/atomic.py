@@ -248,9 +248,9 @@ def atomic_file(
     rename never replaces a path that appeared meanwhile (exit 2). If ``dst`` is a symlink, the link itself
     is replaced by the new file (its target is untouched). ``replace_input`` allows ``dst`` to be one of
     ``inputs`` (in-place update: the input is replaced only when complete, keeping its mode, owner, xattrs).
+    ``inputs`` are used as given, never copied: a dataset's thousands of paths are held once, by the caller.
     """
     dst = Path(dst)
-    inputs = [Path(p) for p in inputs]
     check_output_path(
         dst,
         inputs,
@@ -328,11 +328,10 @@ def atomic_folder(
     With it, only a link or a folder that ``owned`` recognises as an earlier output (holding no input) is
     replaced (``mark`` says how it is recognised), checked at the start and again at publish; the swap is one
     step where the file system allows, so an interruption leaves the old folder or the new one, never a
-    half-written one.
+    half-written one. ``inputs`` are used as given, never copied (see :func:`atomic_file`).
     """
     shown = Path(dst)
     dst = Path(os.path.abspath(dst))
-    inputs = [Path(p) for p in inputs]
     check_output_path(shown, inputs, overwrite=overwrite, kind="folder", owned=owned, mark=mark)
     with _temporary(shown, dst.parent, "folder") as tmp:
         yield tmp

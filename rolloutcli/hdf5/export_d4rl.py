@@ -57,7 +57,9 @@ def export_d4rl(
     the user gave; ``out`` may be its temporary), or ``out``."""
     shown = Path(label or out)
     check_plan(shown, plan, TARGET)
-    sides = {e.number: split_side(valid, e) for e in plan.episodes}
+    sides = np.empty(len(plan.episodes), "U5")  # by episode number (0, 1, ...): arrays, no dict an episode
+    for e in plan.episodes:
+        sides[e.number] = split_side(valid, e)
     first, sizes = _rows(plan, sides)
     paths = {"train": out} if valid is None else {s: out / name for s, name in SPLIT_FILES.items()}
     if valid is not None:
@@ -77,16 +79,16 @@ def export_d4rl(
             _flags_and_attrs(h5, plan, [e for e in plan.episodes if sides[e.number] == side], first)
         for chunk in chunks:
             number = chunk.episode.number
-            count.add(chunk, _write_chunk(shown, files[sides[number]], chunk, first[number], names))
+            count.add(chunk, _write_chunk(shown, files[str(sides[number])], chunk, int(first[number]), names))
         count.check(shown)
     return warnings(plan, TARGET)
 
 
-def _rows(plan: EpisodePlan, sides: dict[int, str]) -> tuple[dict[int, int], dict[str, int]]:
+def _rows(plan: EpisodePlan, sides: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
     """Each episode's first row in its file, and each file's rows (episodes end to end, in episode order)."""
-    first, sizes = {}, {"train": 0, "valid": 0}
+    first, sizes = np.zeros(len(plan.episodes), np.int64), {"train": 0, "valid": 0}
     for episode in sorted(plan.episodes, key=lambda e: e.number):
-        side = sides[episode.number]
+        side = str(sides[episode.number])
         first[episode.number] = sizes[side]
         sizes[side] += kept_steps(episode)
     return first, sizes
@@ -112,27 +114,31 @@ def _create(h5: RolloutOutput, plan: EpisodePlan, names: dict[str, tuple[str, st
     h5.set_attrs({"source_files": file_names(plan)})
 
 
-def _flags_and_attrs(h5: RolloutOutput, plan: EpisodePlan, episodes: list[Episode], first: dict[int, int]) -> None:
+def _flags_and_attrs(h5: RolloutOutput, plan: EpisodePlan, episodes: list[Episode], first: np.ndarray) -> None:
     """``terminals`` and ``timeouts``, known from the plan (one flag per episode, at its last kept row; held as
-    the row indices only), and the partial episodes' rows."""
-    ends = [(first[e.number] + kept_steps(e) - 1, e) for e in episodes if kept_steps(e)]
-    rows = sum(kept_steps(e) for e in episodes)
-    terminal = [row for row, e in ends if e.terminated and e.has_next]
-    timeout = [row for row, e in ends if not (e.terminated and e.has_next)]
-    for name, where in (("terminals", terminal), ("timeouts", timeout)):
+    the row indices only), and the partial episodes' rows. Columns of the episodes, in their order: no tuple or
+    row object an episode."""
+
+    def column(value: Callable[[Episode], int], dtype: type) -> np.ndarray:
+        return np.fromiter((value(e) for e in episodes), dtype, count=len(episodes))
+
+    kept = column(kept_steps, np.int64)
+    starts = first[column(lambda e: e.number, np.int64)]
+    has, ends = kept > 0, starts + kept - 1
+    ended = column(lambda e: e.terminated and e.has_next, bool)
+    rows = int(kept.sum())
+    for name, where in (("terminals", ends[has & ended]), ("timeouts", ends[has & ~ended])):
         h5.create(name, (rows,), bool)
         _set_rows(h5, name, rows, where)
     h5.set_attrs(
         {
-            "partial_start_rows": np.array(
-                [first[e.number] for e in episodes if e.partial_start and kept_steps(e)], np.int64
-            ),
-            "partial_end_rows": np.array([row for row, e in ends if e.partial_end], np.int64),
+            "partial_start_rows": starts[has & column(lambda e: e.partial_start, bool)],
+            "partial_end_rows": ends[has & column(lambda e: e.partial_end, bool)],
         }
     )
 
 
-def _set_rows(h5: RolloutOutput, name: str, rows: int, where: list[int], block: int = 1 << 20) -> None:
+def _set_rows(h5: RolloutOutput, name: str, rows: int, where: np.ndarray, block: int = 1 << 20) -> None:
     """``name[where] = True``, every row written, a block of rows at a time (memory stays one block)."""
     marks = np.asarray(where, np.int64)
     for start in range(0, rows, block):

@@ -107,22 +107,24 @@ class StepCount:
     """Counts the steps written per episode; at the end every kept step must have arrived (a reader that
     stopped early would otherwise leave rows of fill values in the output)."""
 
-    def __init__(self, plan: EpisodePlan) -> None:
-        self.want = {e.number: kept_steps(e) for e in plan.episodes}
-        self.seen = dict.fromkeys(self.want, 0)
+    def __init__(self, plan: EpisodePlan) -> None:  # by episode number (0, 1, ...): two arrays, no dict
+        self.want = np.zeros(len(plan.episodes), np.int64)
+        for e in plan.episodes:
+            self.want[e.number] = kept_steps(e)
+        self.seen = np.zeros_like(self.want)
 
     def add(self, chunk: Chunk, count: int) -> None:
         self.seen[chunk.episode.number] += count
 
     def check(self, out: Path) -> None:
-        short = [n for n, want in self.want.items() if self.seen[n] != want]
-        if short:
-            n = short[0]
+        short = np.flatnonzero(self.seen != self.want)
+        if len(short):
+            n = int(short[0])
             raise RolloutError.field(
                 out,
                 "episodes",
-                f"{self.want[n]} steps of episode {n}",
-                f"{self.seen[n]} read",
+                f"{int(self.want[n])} steps of episode {n}",
+                f"{int(self.seen[n])} read",
                 "The dataset changed while it was exported; export it again.",
             )
 

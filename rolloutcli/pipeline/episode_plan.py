@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Episode:
     """One episode of the plan.
 

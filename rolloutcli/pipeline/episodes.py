@@ -1,9 +1,10 @@
 """Read a dataset in episode order: :func:`plan_episodes` joins episodes across consecutive recordings (format
 contract 1.2), :func:`read_chunks` yields their steps file by file, within the memory budget.
 
-What a plan keeps per file is small (its segments and a hash per env of its first and last observation), so a
-dataset of thousands of files plans in memory; the steps themselves are only read by :func:`read_chunks`, one
-block of rows of one file at a time.
+What a plan keeps per file is small: until its recording is walked, its facts (:mod:`episode_facts`: its
+segments and a hash per env of its first and last observations, as bytes); then only its kept episodes and their
+pieces. So a dataset of thousands of files plans in memory; the steps themselves are only read by
+:func:`read_chunks`, one block of rows of one file at a time.
 """
 
 from __future__ import annotations
@@ -12,151 +13,23 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import xxhash
 
-from rolloutcli.core.episodes import Segment, lane_segments
-from rolloutcli.dataset import check_agrees, dataset_reader, reader_signature, signature
+from rolloutcli.dataset import check_agrees, dataset_reader, signature
 from rolloutcli.errors import RolloutError
 from rolloutcli.fields import AUTORESET
 from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, SafetyOptions
-from rolloutcli.hdf5.probe import probe_ahead, probing_ahead
+from rolloutcli.hdf5.probe import probing_ahead
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.pipeline.engine import EngineOptions, run_units
+from rolloutcli.pipeline.engine import EngineOptions, Unit, run_units
+from rolloutcli.pipeline.episode_facts import END_OPEN, END_TIMEOUT, FileFacts, observation_paths, read_facts
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
 
 _FIX_ORDER = "Add the missing file, or export the files of each part of the recording separately."
 
 
-@dataclass
-class _File:
-    """What the plan needs of one file."""
-
-    path: Path
-    recording: str | None
-    index: int | None
-    from_reset: bool
-    T: int
-    segments: list[Segment]
-    ends: dict[tuple[int, int], bool]  # (row, lane) of each done -> whether it was a time-out
-    has_final: bool
-    has_last: bool
-    first: list[int]  # per env: hash of its first observations (every key)
-    last: list[int] | None  # per env: hash of its last_observations, where recorded
-    done_last: set[int]  # envs whose episode ended at the last step (the next file starts after a reset)
-
-
-def _lanes_hash(arrays: list[np.ndarray], N: int) -> list[int]:
-    """Per env ``n``: one hash of ``a[n]`` for every array ``a`` (``[N, ...]``), bytes as stored."""
-    out = []
-    for n in range(N):
-        h = xxhash.xxh64()
-        for a in arrays:
-            h.update(np.ascontiguousarray(a[n]).tobytes())
-        out.append(h.intdigest())
-    return out
-
-
-MAX_RECORDING_ID = 256  # characters: an id is a name (RolloutWriter's a UUID), copied into every episode's output
-
-
-def _attr(reader: RolloutReader, name: str) -> Any:
-    """The root attribute ``name`` as stored; bytes as UTF-8 text (bytes that are not stay bytes: refused as an
-    id, never decoded with replacement characters, which would make two different ids one; a long array stays an
-    array, never its description)."""
-    value = reader.raw_attr(name)
-    if isinstance(value, np.generic) and not isinstance(value, bytes | str):
-        return value.item()
-    try:
-        return value.decode("utf-8") if isinstance(value, bytes) else value
-    except UnicodeDecodeError:
-        return value
-
-
-def _shown(value: Any) -> str:
-    """A hostile attribute's value as a short quote (a message stays one short line)."""
-    if isinstance(value, np.ndarray):
-        return f"an array of {value.dtype} shaped {value.shape}"
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:60]}... ({type(value).__name__})"
-
-
-def _flag(value: Any) -> bool:
-    """A boolean attribute: true only as a bool or the integer 1 (a string "false" is not true)."""
-    return isinstance(value, bool | np.bool_ | int | np.integer) and bool(value) and int(value) == 1
-
-
-def _recording(reader: RolloutReader) -> tuple[str | None, int | None]:
-    """``(recording_id, recording_index)`` of a file, or ``(None, None)`` for a file that stands alone."""
-    rid, index = _attr(reader, "recording_id"), _attr(reader, "recording_index")
-    if rid is None and index is None:
-        return None, None
-    if isinstance(rid, bytes):
-        raise RolloutError(
-            f"{reader.path}: attribute 'recording_id': expected UTF-8 text, found bytes that are not "
-            f"({_shown(bytes(rid))}). Write the id as a string."
-        )
-    if not isinstance(rid, str) or not rid or isinstance(index, bool) or not isinstance(index, int | np.integer):
-        raise RolloutError(
-            f"{reader.path}: attributes 'recording_id'/'recording_index': expected a non-empty string and an "
-            f"integer >= 0 together, found {_shown(rid)} and {_shown(index)}. Write both (RolloutWriter) or neither."
-        )
-    if len(rid) > MAX_RECORDING_ID:
-        raise RolloutError(
-            f"{reader.path}: attribute 'recording_id': expected at most {MAX_RECORDING_ID} characters, found "
-            f"{len(rid)}. Write a short id (RolloutWriter writes a UUID)."
-        )
-    if index < 0:
-        raise RolloutError(
-            f"{reader.path}: attribute 'recording_index': expected an integer >= 0, found {index}. "
-            "Write the files' order from 0."
-        )
-    return rid, int(index)
-
-
-def _facts(path: Path, safety: SafetyOptions | None, budget: int, ahead: Path | None = None) -> tuple[_File, dict]:
-    """Read what the plan needs of one file (flags, a hash per env of the first and last observations);
-    ``ahead``: the file this process reads next, probed meanwhile."""
-    if ahead is not None:
-        probe_ahead(ahead, safety)
-    with dataset_reader(path, safety, budget=budget) as reader:  # its value check streams within the budget
-        rid, index = _recording(reader)
-        fields = reader.schema.fields
-        dones = reader.array("dones") != 0
-        skip = reader.array(AUTORESET) != 0 if AUTORESET in fields and fields[AUTORESET].env_axis == 1 else None
-        outs = reader.array("time_outs") != 0 if "time_outs" in fields else np.zeros_like(dones)
-        rows, lanes = np.nonzero(dones if skip is None else dones & ~skip)
-        obs = _observation_paths(reader)
-        first = [reader.slice(name, (0,)) for name in obs.values()]
-        last_names = list(_observation_paths(reader, "last_observations").values())
-        has_last = all(n in fields for n in last_names)
-        facts = _File(
-            path=path,
-            recording=rid,
-            index=index,
-            from_reset=_flag(reader.attrs.get("recorded_from_reset")),
-            T=reader.T,
-            segments=lane_segments(dones, skip),
-            ends={(r, n): bool(outs[r, n]) for r, n in zip(rows.tolist(), lanes.tolist(), strict=True)},
-            has_final=all(n in fields for n in _observation_paths(reader, "final_observations").values()),
-            has_last=has_last,
-            first=_lanes_hash(first, reader.N),
-            last=_lanes_hash([reader.slice(n) for n in last_names], reader.N) if has_last else None,
-            done_last=set(np.flatnonzero(dones[-1]).tolist()) if reader.T else set(),
-        )
-        return facts, reader_signature(reader)
-
-
-def _observation_paths(reader: RolloutReader, prefix: str = "observations") -> dict[str, str]:
-    """Observation key -> dataset path under ``prefix`` (a single dataset at ``observations`` is key ``policy``)."""
-    names = reader.schema.names("observation")
-    paths = {n.split("/", 1)[1] if "/" in n else "policy": n for n in names}
-    return {key: prefix + path[len("observations") :] for key, path in sorted(paths.items())}
-
-
-def _order(facts: list[_File]) -> list[list[int]]:
+def _order(facts: list[FileFacts], files: Sequence[Path]) -> list[list[int]]:
     """Recordings in dataset order (by their first file), each its files' positions in ``recording_index``
     order; a file without ``recording_id`` is a recording of its own. Refuses a repeated or missing index."""
     groups: dict[str, list[int]] = {}
@@ -169,81 +42,117 @@ def _order(facts: list[_File]) -> list[list[int]]:
             order.append(groups[f.recording])
         else:
             groups[f.recording].append(i)
-    for files in order:
-        files.sort(key=lambda i: facts[i].index or 0)
-        for a, b in itertools.pairwise(files):
+    for rec in order:
+        rec.sort(key=lambda i: facts[i].index or 0)
+        for a, b in itertools.pairwise(rec):
             was, now = facts[a].index or 0, facts[b].index or 0
             if now != was + 1:
                 found = "the same index" if now == was else f"recording_index {now}"
                 raise RolloutError(
-                    f"{facts[b].path}: attribute 'recording_index': expected {was + 1} after {facts[a].path} "
+                    f"{files[b]}: attribute 'recording_index': expected {was + 1} after {files[a]} "
                     f"(recording_index {was}) in recording {facts[a].recording}, found {found}. "
                     + ("Drop the copy." if now == was else _FIX_ORDER)
                 )
     return order
 
 
-def _check_continues(before: _File, after: _File) -> None:
-    """Refuse (exit 1, naming both files and the env) a file whose first observations differ from the
+def _check_continues(before: FileFacts, after: FileFacts, paths: tuple[Path, Path]) -> None:
+    """Refuse (exit 1, naming both files (``paths``) and the env) a file whose first observations differ from the
     ``last_observations`` of the file before it in the recording (where that file recorded them). An env whose
     episode ended at the last step is not compared: a recorder may hold the observation that ended it there
     (TorchRL, gymnasium's DISABLED mode) while the next file starts from the reset."""
-    if before.last is None:
+    last, first = before.last(), after.first()
+    if last is None:
         return
-    for lane, (a, b) in enumerate(zip(before.last, after.first, strict=False)):
-        if a != b and lane not in before.done_last:
-            raise RolloutError(
-                f"{after.path}: field 'observations' of env {lane} at step 0: expected the last_observations of "
-                f"{before.path} (the file before it in recording {after.recording}), found other values. "
-                "Check that no file of the recording is missing or was replaced."
-            )
+    n = min(len(last), len(first))
+    differs = np.flatnonzero(last[:n] != first[:n])
+    lanes = differs[~np.isin(differs, before.lanes_done_last())]
+    if len(lanes):
+        raise RolloutError(
+            f"{paths[1]}: field 'observations' of env {int(lanes[0])} at step 0: expected the last_observations of "
+            f"{paths[0]} (the file before it in recording {after.recording}), found other values. "
+            "Check that no file of the recording is missing or was replaced."
+        )
 
 
-@dataclass
+@dataclass(slots=True)
 class _Open:
-    """An episode being assembled: its pieces ``(file, row_start, row_stop)`` in time order."""
+    """An episode being walked: ``steps`` rows of its lane from row ``row0`` of plan file ``first_file`` to
+    ``last_file`` (its rows are consecutive over the files of its recording: it only goes on into the next file
+    from the last row of one to the first of the next)."""
 
-    recording: str
     lane: int
     start: int
     partial_start: bool
-    pieces: list[tuple[int, int, int]]
     origin: tuple[int, int]
+    first_file: int
+    row0: int
+    last_file: int = -1
+    steps: int = 0
 
-    @property
-    def steps(self) -> int:
-        return sum(stop - start for _, start, stop in self.pieces)
+
+Ends = tuple[bool, bool, bool, bool]  # (partial_end, terminated, truncated, has_next)
+_CUT: Ends = (True, False, False, False)
 
 
-def _walk(rec: list[int], facts: list[_File], first_file: int, name: str) -> list[tuple[_Open, tuple]]:
-    """The episodes of one recording (files ``rec``, numbered from ``first_file`` in the plan), each with
-    ``(partial_end, terminated, truncated, has_next)``."""
-    done: list[tuple[_Open, tuple]] = []
+def _walk(
+    rec: list[int], facts: list[FileFacts], files: Sequence[Path], first_file: int, partial: bool
+) -> tuple[list[tuple[_Open, Ends]], int]:
+    """The episodes of one recording (files ``rec``, numbered from ``first_file`` in the plan) with their ends,
+    partial ones only where ``partial`` (kept); and how many of them are partial."""
+    kept: list[tuple[_Open, Ends]] = []
+    partials = 0
+
+    def close(ep: _Open, ends: Ends) -> None:
+        nonlocal partials
+        if ep.partial_start or ends[0]:
+            partials += 1
+            if not partial:
+                return  # dropped as soon as it ends: a plan never holds the episodes it leaves out
+        kept.append((ep, ends))
+
     open_: dict[int, _Open] = {}
     offset = 0
     for pos, fi in enumerate(rec):
         f, k = facts[fi], first_file + pos
         if pos:
-            _check_continues(facts[rec[pos - 1]], f)
+            _check_continues(facts[rec[pos - 1]], f, (files[rec[pos - 1]], files[fi]))
         carried, open_ = open_, {}
-        for seg in f.segments:
-            ep = carried.pop(seg.lane) if seg.start == 0 and seg.lane in carried else None
+        for lane, start, stop, end in f.rows().tolist():
+            ep = carried.pop(lane) if start == 0 and lane in carried else None
             if ep is None:
-                partial = pos == 0 and seg.start == 0 and not f.from_reset
-                ep = _Open(f.recording or name, seg.lane, offset + seg.start, partial, [], (f.index or 0, seg.start))
-            ep.pieces.append((k, seg.start, seg.stop))
-            if seg.ended:
-                timeout = f.ends[(seg.stop - 1, seg.lane)]
-                done.append((ep, (False, not timeout, timeout, f.has_final)))
-            elif seg.stop == f.T:
-                open_[seg.lane] = ep
+                from_start = pos == 0 and start == 0 and not f.from_reset
+                ep = _Open(lane, offset + start, from_start, (f.index or 0, start), k, start)
+            ep.steps, ep.last_file = ep.steps + stop - start, k
+            if end != END_OPEN:
+                close(ep, (False, end != END_TIMEOUT, end == END_TIMEOUT, f.has_final))
+            elif stop == f.T:
+                open_[lane] = ep
             else:  # cut by a skipped row without a done: nothing says how it ended
-                done.append((ep, (True, False, False, False)))
-        done.extend((ep, (True, False, False, False)) for ep in carried.values())
+                close(ep, _CUT)
+        for ep in carried.values():
+            close(ep, _CUT)
         offset += f.T
-    last = facts[rec[-1]]
-    done.extend((ep, (True, False, False, last.has_last)) for ep in open_.values())
-    return done
+    for ep in open_.values():
+        close(ep, (True, False, False, facts[rec[-1]].has_last))
+    return kept, partials
+
+
+class _FactUnits(Sequence[Unit]):
+    """A unit of :func:`read_facts` a file, made when the engine takes it (a list of them held ~160 B a file for
+    the whole read); ``ahead``: the units run in order here, each probes the next file."""
+
+    def __init__(self, files: Sequence[Path], safety: SafetyOptions | None, budget: int, ahead: bool) -> None:
+        self.files, self.safety, self.budget, self.ahead = files, safety, budget, ahead
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> Unit:  # type: ignore[override]  # no slices: the engine takes one at a time
+        if not 0 <= i < len(self.files):
+            raise IndexError(i)
+        ahead = self.files[i + 1] if self.ahead and i + 1 < len(self.files) else None
+        return read_facts, (self.files[i], self.safety, self.budget, ahead)
 
 
 def plan_episodes(
@@ -262,69 +171,67 @@ def plan_episodes(
         RolloutError: exit 1 for files whose fields disagree, a repeated or missing ``recording_index`` in a
             recording, or a file that does not continue the one before it (naming both files and the env).
     """
-    found, digests, first = {}, {}, {}
+    facts: list = [None] * len(files)
+    digests = np.zeros(len(files), np.int64)  # hash() of each file's fields: the fields themselves are not kept
+    ids: dict[str, str] = {}
+    first: dict = {}
 
-    def done(index: int, result: tuple[_File, dict]) -> None:  # in any order; a digest kept, not the fields
-        found[index], digests[index] = result[0], hash(repr(sorted(result[1].items())))
+    def done(index: int, result: tuple[FileFacts, dict]) -> None:  # in any order
+        f, fields = result
+        if f.recording is not None:  # one string per recording, not one per file
+            f.recording = ids.setdefault(f.recording, f.recording)
+        facts[index], digests[index] = f, hash(repr(sorted(fields.items())))
         if index == 0:
-            first.update(result[1])
+            first.update(fields)
 
     engine = engine or EngineOptions()
     serial = engine.engine == "local" and engine.workers == 1  # the units run in order, here: each probes the next
-    aheads = [*files[1:], None] if serial else [None] * len(files)
-    run_units([(_facts, (p, safety, budget, a)) for p, a in zip(files, aheads, strict=True)], engine, done)
-    for i in range(1, len(files)):
-        if digests[i] != digests[0]:  # the fields again, for the one-line error naming both files
-            check_agrees(files[0], first, files[i], signature(files[i], safety)[0])
-    facts = [found[i] for i in range(len(files))]
-    found: list[tuple[_Open, tuple]] = []
-    plan_files: list[Path] = []
-    standalone = {}
-    for rec in _order(facts):
-        episodes = _walk(rec, facts, len(plan_files), names[rec[0]])
-        found.extend(sorted(episodes, key=lambda item: (item[0].start, item[0].lane)))
+    run_units(_FactUnits(files, safety, budget, serial), engine, done)
+    for i in np.flatnonzero(digests != digests[0]).tolist():  # the fields again, for the message naming both files
+        check_agrees(files[0], first, files[i], signature(files[i], safety)[0])
+    plan = EpisodePlan([], [], {}, {})
+    for rec in _order(facts, files):
+        recording = facts[rec[0]].recording or names[rec[0]]
         if facts[rec[0]].recording is None:
-            standalone[names[rec[0]]] = len(plan_files)
-        plan_files.extend(facts[i].path for i in rec)
-    plan = _assemble(plan_files, found, partial, safety)
-    plan.standalone = standalone
-    return plan
-
-
-def _assemble(
-    files: list[Path], found: list[tuple[_Open, tuple]], partial: bool, safety: SafetyOptions | None
-) -> EpisodePlan:
-    """Number the episodes kept, and describe the fields a chunk carries (from the first file)."""
-    episodes, pieces = [], {}
-    for ep, (partial_end, terminated, truncated, has_next) in found:
-        if (ep.partial_start or partial_end) and not partial:
-            continue
-        episode = Episode(
-            number=len(episodes),
-            recording=ep.recording,
-            lane=ep.lane,
-            start=ep.start,
-            steps=ep.steps,
-            partial_start=ep.partial_start,
-            partial_end=partial_end,
-            terminated=terminated,
-            truncated=truncated,
-            has_next=has_next,
-            first_file=ep.pieces[0][0],
-            last_file=ep.pieces[-1][0],
-            origin=ep.origin,
-        )
-        episodes.append(episode)
-        offset = 0
-        for file, start, stop in ep.pieces:
-            pieces.setdefault(file, []).append((episode, start, stop, offset))
-            offset += stop - start
-    total_partial = sum(1 for ep, ends in found if ep.partial_start or ends[0])
-    plan = EpisodePlan(files, episodes, {}, {}, left_out=0 if partial else total_partial, partial=total_partial)
-    plan.pieces = pieces
-    with dataset_reader(files[0], safety, check=False) as reader:
+            plan.standalone[names[rec[0]]] = len(plan.files)
+        episodes, partials = _walk(rec, facts, files, len(plan.files), partial)
+        sizes, plan.partial = [facts[i].T for i in rec], plan.partial + partials
+        for ep, ends in sorted(episodes, key=lambda item: (item[0].start, item[0].lane)):
+            _add(plan, recording, ep, ends, sizes, len(plan.files))
+        plan.files.extend(files[i] for i in rec)
+        for i in rec:
+            facts[i] = None  # walked: what is left of the file is in the plan
+    plan.left_out = 0 if partial else plan.partial
+    with dataset_reader(plan.files[0], safety, check=False) as reader:
         _describe(plan, reader)
     return plan
+
+
+def _add(plan: EpisodePlan, recording: str, ep: _Open, ends: Ends, sizes: list[int], k0: int) -> None:
+    """Number ``ep`` (the plan's next episode) and list its pieces by file; ``sizes``: the steps of each file of
+    its recording, the first being plan file ``k0``."""
+    partial_end, terminated, truncated, has_next = ends
+    episode = Episode(
+        number=len(plan.episodes),
+        recording=recording,
+        lane=ep.lane,
+        start=ep.start,
+        steps=ep.steps,
+        partial_start=ep.partial_start,
+        partial_end=partial_end,
+        terminated=terminated,
+        truncated=truncated,
+        has_next=has_next,
+        first_file=ep.first_file,
+        last_file=ep.last_file,
+        origin=ep.origin,
+    )
+    plan.episodes.append(episode)
+    row, offset = ep.row0, 0
+    for k in range(ep.first_file, ep.last_file + 1):  # every file but the last to its end
+        stop = min(sizes[k - k0], row + ep.steps - offset)
+        plan.pieces.setdefault(k, []).append((episode, row, stop, offset))
+        offset, row = offset + stop - row, 0
 
 
 def _describe(plan: EpisodePlan, reader: RolloutReader) -> None:
@@ -333,7 +240,7 @@ def _describe(plan: EpisodePlan, reader: RolloutReader) -> None:
     renamed = {
         path: f"{prefix}/{key}"
         for prefix in ("observations", "final_observations")
-        for key, path in _observation_paths(reader, prefix).items()
+        for key, path in observation_paths(reader, prefix).items()
     }
     for name, spec in reader.schema.fields.items():
         if name == AUTORESET or name.startswith("last_observations"):
@@ -348,9 +255,9 @@ def _describe(plan: EpisodePlan, reader: RolloutReader) -> None:
         dtype = np.dtype(bool) if row is not None and row.flag else spec.dtype
         plan.fields[renamed.get(name, name)] = (dtype, shape)
         plan.sources[renamed.get(name, name)] = name
-    for key in _observation_paths(reader):
+    for key in observation_paths(reader):
         plan.observations[key] = plan.fields[f"observations/{key}"]
-    plan.last = _observation_paths(reader, "last_observations")
+    plan.last = observation_paths(reader, "last_observations")
 
 
 def _normalised(plan: EpisodePlan, name: str, data: np.ndarray) -> np.ndarray:
