@@ -17,6 +17,7 @@ import numpy as np
 from h5py._hl.filters import get_filters  # h5py's own reading of a dataset's filters
 
 from rolloutcli.hdf5.schema import DatasetInfo
+from rolloutcli.hdf5.typecache import read_attr
 
 ATTR_ITEMS = 4096  # a longer array attribute is described, not listed (a 16 MB one would be 16M Python ints)
 PLAIN_KINDS = "biufc"  # numeric dtypes: no variable-length data, no members; they travel as their ``dtype.str``
@@ -41,7 +42,7 @@ def attr_value(value: Any) -> Any:
 
 def read_attrs(obj: h5py.HLObject) -> dict[str, Any]:
     """The attributes of ``obj`` as plain data."""
-    return {key: attr_value(value) for key, value in obj.attrs.items()}
+    return {key: attr_value(read_attr(obj, key)) for key in obj.attrs}
 
 
 def dataset_info(obj: h5py.h5d.DatasetID, plist: h5py.h5p.PropDCID | None = None) -> DatasetInfo:

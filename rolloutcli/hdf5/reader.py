@@ -24,6 +24,7 @@ from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, check_one_env_fits
 from rolloutcli.hdf5.listing import Listing, list_datasets, read_attrs, selects_all
 from rolloutcli.hdf5.safety import HDF5_ERRORS, SafetyOptions, open_listed, translate_hdf5_error
 from rolloutcli.hdf5.schema import DatasetInfo, RolloutSchema, describe
+from rolloutcli.hdf5.typecache import memory_type
 
 if TYPE_CHECKING:  # torch is imported only by the tensor readers, so that `gae` on the CPU never loads it
     import torch
@@ -196,7 +197,7 @@ class H5Input:
         h5py's ``Dataset[()]`` costs ~0.15 ms of a small field's ~0.05 (issue 39)."""
         info = self.datasets[name]
         out = np.empty(info.shape, info.dtype.newbyteorder("="))
-        self.guard(lambda: self.dataset(name).id.read(h5py.h5s.ALL, h5py.h5s.ALL, out), name)
+        self.guard(lambda: self.dataset(name).id.read(h5py.h5s.ALL, h5py.h5s.ALL, out, memory_type(out.dtype)), name)
         return out
 
     def read_into(self, name: str, rows: slice, out: np.ndarray) -> None:

@@ -26,6 +26,7 @@ from rolloutcli.errors import EXIT_IO, RolloutError
 from rolloutcli.hdf5.listing import selects_all
 from rolloutcli.hdf5.listing import text as listing_text
 from rolloutcli.hdf5.safety import HDF5_ERRORS, system_errno, translate_write_error
+from rolloutcli.hdf5.typecache import create_attr, memory_type, read_attr, stored_dtype
 
 if TYPE_CHECKING:  # tensors are recognised by duck typing: `gae` on the CPU never imports torch
     import torch
@@ -60,7 +61,7 @@ def new_dataset(parent: Any, name: str, shape: tuple[int, ...], dtype: Any) -> h
     without modification times: what ``parent.create_dataset(name, shape=, dtype=, track_times=False)`` makes
     (the same bytes), through the low-level API (h5py's costs ~0.15 ms, ~0.05 of it its own: a small file's
     output creates a dozen)."""
-    tid = dtype.id if isinstance(dtype, h5py.Datatype) else h5py.h5t.py_create(np.dtype(dtype), logical=1)
+    tid = dtype.id if isinstance(dtype, h5py.Datatype) else memory_type(np.dtype(dtype), logical=True)
     plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     plist.set_obj_track_times(False)
     space = h5py.h5s.create_simple(tuple(shape)) if len(shape) else h5py.h5s.create(h5py.h5s.SCALAR)
@@ -72,7 +73,7 @@ def write_array(target: Target, index: tuple[Any, ...], array: np.ndarray) -> No
     (no selection: h5py's costs ~0.2 ms)."""
     dataset, shape = target
     if _fills(shape, dataset.dtype, index, array):
-        dataset.id.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
+        dataset.id.write(h5py.h5s.ALL, h5py.h5s.ALL, array, memory_type(array.dtype))
     else:
         dataset[index] = array
 
@@ -228,10 +229,10 @@ class RolloutOutput:
 
     def set_attrs(self, attrs: Mapping[str, Any], name: str = "") -> None:
         """Set attributes of the object at ``name`` (``""``: the root); None values are skipped."""
-        found = (self.file[name] if name else self.file).attrs  # File.attrs looks the root up on every use
+        found = self.file[name] if name else self.file
         for key, value in attrs.items():
             if value is not None:
-                self._do(lambda key=key, value=value: found.__setitem__(key, value))
+                self._do(lambda key=key, value=value: create_attr(found, key, value))
 
     def delete_attrs(self, keys: Iterable[str], name: str = "") -> None:
         found = (self.file[name] if name else self.file).attrs
@@ -273,19 +274,18 @@ class RolloutOutput:
             target = rename(name)
             if target is None or (target and target not in self.file):
                 continue
-            # each object's attributes looked up once: File.attrs looks the root up on every use
-            held = (source.handle[name] if name else source.handle).attrs
-            out = (self.file[target] if target else self.file).attrs
-            for key in source.guard(lambda held=held: list(held), name or None):
-                attr = source.guard(lambda held=held, key=key: held.get_id(key), name or None)
-                value = source.guard(lambda held=held, key=key: held[key], name or None)
+            held = source.handle[name] if name else source.handle  # each object looked up once
+            out = self.file[target] if target else self.file
+            for key in source.guard(lambda held=held: list(held.attrs), name or None):
+                stored = source.guard(lambda held=held, key=key: held.attrs.get_id(key).get_type(), name or None)
+                dtype = stored_dtype(stored)
+                value = source.guard(lambda held=held, key=key: read_attr(held, key), name or None)
                 value = _repoint(value, source.handle, self.file, rename)
                 if value is _DANGLING:  # an object copy brought it along, pointing into the source: remove it
                     dropped.append(f"{name or '/'}@{key}")
                     self.delete_attrs([key], target)
                     continue
-                dtype = attr.dtype
-                self._do(lambda out=out, key=key, value=value, dtype=dtype: out.create(key, value, dtype=dtype))
+                self._do(lambda out=out, key=key, value=value, dtype=dtype: create_attr(out, key, value, dtype))
         return dropped
 
     def repoint_references(self, rename: Callable[[str], str | None]) -> None:

@@ -291,4 +291,3 @@ class Gathered:
             data = {name: torch.cat([d[name] for _, d in self.parts]) for name in self.parts[0][1]}
         self.parts, self.bytes = [], 0
         self.out.add(self.where(rows), lambda index, out: self.take(None, data, index, out))
-
