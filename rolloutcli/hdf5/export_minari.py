@@ -24,6 +24,7 @@ import numpy as np
 from rolloutcli.errors import EXIT_IO, RolloutError
 from rolloutcli.hdf5.export_marker import MARKER
 from rolloutcli.hdf5.safety import translate_write_error
+from rolloutcli.hdf5.writer import cap_metadata_cache
 from rolloutcli.pipeline import minari_layout as layout
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
 
@@ -174,6 +175,7 @@ def _open_sides(out: Path, plan: EpisodePlan, ids: list[str], sides: list[_Side]
         folder = (out / dataset_id.split("/", 1)[1] if split else out) / "data"
         folder.mkdir(parents=True, exist_ok=True)
         handle = h5py.File(folder / "main_data.hdf5", "w")
+        cap_metadata_cache(handle.id)
         handle.attrs["source_files"] = [path.name for path in plan.files]
         handle.attrs[MARKER] = "minari"  # an earlier export --overwrite may replace
         sides.append(_Side(folder, dataset_id, handle))

@@ -44,6 +44,8 @@ def to_numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
     return value.cpu().numpy() if hasattr(value, "detach") else value
 
 
+OUTPUT_CACHE = 256 << 10  # an output's metadata cache, counted as libhdf5 counts it (``cap_metadata_cache``)
+OPEN_DATASETS = 256  # datasets an output keeps open between writes (a small file's output has a dozen)
 # A dataset open for writing and its shape (``DatasetID.shape`` costs ~15 us, as much as a small file's write).
 Target = tuple[h5py.Dataset, tuple[int, ...]]
 
@@ -85,6 +87,17 @@ def _access(low: int) -> h5py.h5p.PropFAID:
     access.set_libver_bounds(low, h5py.h5f.LIBVER_LATEST)
     access.set_sieve_buf_size(0)
     return access
+
+
+def cap_metadata_cache(fid: h5py.h5f.FileID) -> None:
+    """Hold an output's metadata cache at ``OUTPUT_CACHE`` bytes. libhdf5 counts an entry's size on disk and
+    grows the cache up to 32 MB, while an object header or chunk index node takes ~5-10 KB in memory: an export
+    of 5,000 episodes kept them all (50 MB). A full cache writes its oldest entries out early (equal runs still
+    give equal bytes); a small file's output never fills it."""
+    cache = fid.get_mdc_config()
+    cache.max_size = cache.initial_size = cache.min_size = OUTPUT_CACHE
+    cache.set_initial_size = True
+    fid.set_mdc_config(cache)
 
 
 def _untimed() -> h5py.h5p.PropFCID:
@@ -138,6 +151,7 @@ class RolloutOutput:
                 )
             )
         )
+        self._do(lambda: cap_metadata_cache(self.file.id))
         self._early = _EarlySync(tmp) if early_sync else None
         # Copied datasets holding object references, (source name, output name): libhdf5's copy across files
         # nulls their references, so :meth:`copy_attrs` writes them again, re-pointed into the output.
@@ -195,7 +209,15 @@ class RolloutOutput:
         if like is not None:
             dtype = self._stored_type(like)
         self._parents(name)
-        self._objects[name] = self._do(lambda: new_dataset(self.file, name, shape, dtype)), tuple(shape)
+        self._open(name, (self._do(lambda: new_dataset(self.file, name, shape, dtype)), tuple(shape)))
+
+    def _open(self, name: str, target: Target) -> None:
+        """Keep ``target`` open for the writes to come, with at most ``OPEN_DATASETS`` others (the oldest closed
+        first, looked up again when written): an export creates every episode's datasets before writing any,
+        and each open dataset holds ~10 KB of libhdf5's memory (5,000 episodes held 50 MB)."""
+        self._objects[name] = target
+        if len(self._objects) > OPEN_DATASETS:
+            del self._objects[next(iter(self._objects))]
 
     def _stored_type(self, name: str) -> Any:
         source = self._source()
@@ -211,7 +233,7 @@ class RolloutOutput:
         array = to_numpy(value)
         if name not in self._objects:  # looked up once, low-level (File[name] costs ~0.12 ms, paid on every block)
             found = self._do(lambda: h5py.Dataset(h5py.h5d.open(self.file.id, name.encode())))
-            self._objects[name] = found, found.shape
+            self._open(name, (found, found.shape))
         target = self._objects[name]
         self._do(lambda: write_array(target, index, array))
 
