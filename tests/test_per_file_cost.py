@@ -94,7 +94,7 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     calls: list[tuple[str, str]] = []
     real = probe._ask
 
-    def recording(request: dict, timeout: float) -> bytes | None:
+    def recording(request: dict, timeout: float) -> dict | None:
         calls.append((request["path"], threading.current_thread().name))
         return real(request, timeout)
 

@@ -417,7 +417,7 @@ def test_helper_that_cannot_listen_still_serves_its_owner(tmp_path: Path, monkey
     monkeypatch.setattr(probe, "_HELPER", None)
     assert probe.shared_env() == {}
     request = {"path": str(path), "options": {}, "timeout": 5.0}
-    answer = probe._decoded(probe._ask(request, 20.0))
+    answer = probe._ask(request, 20.0)
     assert answer is not None and (answer["status"], answer["clean"]) == ("ok", path_identity(path))
     assert probe._HELPER is not None and probe._HELPER.process.poll() is None
     probe._stop_helper()

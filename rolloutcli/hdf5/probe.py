@@ -70,15 +70,15 @@ def probe_metadata(path: Path | str, options: SafetyOptions | None = None, timeo
         return Probed(None, None)
     if _PROBED is not None and key in _PROBED:
         clean, packed = _PROBED[key]
-        return Probed(clean, json.loads(zlib.decompress(packed))["listing"] if packed else None)
+        return Probed(clean, json.loads(zlib.decompress(packed)) if packed else None)
     ahead = _AHEAD.pop(key, None)
-    raw = ahead.answer() if ahead is not None else _ask(request, _deadline(request))
-    answer = _decoded(raw)
+    answer = ahead.answer() if ahead is not None else _ask(request, _deadline(request))
     if answer is None:
         return Probed(None, None)  # no helper (it is not the file's fault): the caller reads and audits the file
     if answer["status"] == "ok":
-        if _PROBED is not None and len(key) > 2:  # the answer packed: ~0.4 KB a small file, not ~5 as objects
-            _PROBED[key] = (answer.get("clean"), zlib.compress(raw) if answer.get("listing") else None)
+        if _PROBED is not None and len(key) > 2:  # the listing packed: ~0.4 KB a small file, not ~5 as objects
+            listing = answer.get("listing")
+            _PROBED[key] = (answer.get("clean"), zlib.compress(json.dumps(listing).encode()) if listing else None)
         return Probed(answer.get("clean"), answer.get("listing"))
     if answer["status"] == "timeout":
         raise RolloutError(
@@ -91,16 +91,6 @@ def probe_metadata(path: Path | str, options: SafetyOptions | None = None, timeo
         "Re-export it from its source.",
         exit_code=EXIT_BAD_DATA,
     )
-
-
-def _decoded(raw: bytes | None) -> dict[str, Any] | None:
-    """The helper's answer (JSON, decoded here, not on the probing thread: a thread that holds the GIL when
-    this one wants it back from a system call costs it up to a switch interval); None when it is no answer."""
-    try:
-        answer = json.loads(raw) if raw is not None else None
-    except ValueError:
-        return None
-    return answer if isinstance(answer, dict) and "status" in answer else None
 
 
 def _request(
@@ -126,7 +116,7 @@ class _Ahead:
 
     def __init__(self, request: dict[str, Any]) -> None:
         self.request, self.done = request, threading.Event()
-        self._answer: bytes | None = None
+        self._answer: dict[str, Any] | None = None
 
     def run(self) -> None:
         try:
@@ -134,7 +124,7 @@ class _Ahead:
         finally:
             self.done.set()
 
-    def answer(self) -> bytes | None:
+    def answer(self) -> dict[str, Any] | None:
         self.done.wait()
         return self._answer
 
@@ -273,16 +263,15 @@ def _connect(address: str) -> Connection:
         return Connection(connection.detach())
 
 
-def _exchange(connection: Connection, request: dict[str, Any], timeout: float) -> bytes | None:
-    """Send one request; the answer (JSON), or None when the helper is gone or did not answer in time. (The helper
+def _exchange(connection: Connection, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    """Send one request; the answer, or None when the helper is gone or did not answer in time. (The helper
     sends each answer in one write once its prober has answered or ended, so a readable connection means it
     all follows.)
     JSON, not pickle: the socket's name is public (/proc/net/unix); who binds it after the helper must not run code."""
     with contextlib.suppress(OSError, EOFError, ValueError):
         connection.send_bytes(json.dumps(request).encode())
         if connection.poll(timeout):
-            answer = connection.recv_bytes(1 << 16)
-            return answer if answer.startswith(b'{"status": ') else None  # as every answer starts
+            return json.loads(connection.recv_bytes(1 << 16))
     return None
 
 
@@ -311,7 +300,7 @@ def _running_helper() -> _Helper | None:
     return _HELPER
 
 
-def _ask(request: dict[str, Any], timeout: float) -> bytes | None:
+def _ask(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     """The answer of the helper this process may share (``SHARED_ENV``), else of its own (started if needed);
     None when no helper could answer."""
     global _HELPER
@@ -344,7 +333,7 @@ def shared_env() -> dict[str, str]:
 _SHARED: dict[str, Any] = {}  # this process's connection to the shared helper: address, pid, connection
 
 
-def _ask_shared(request: dict[str, Any], timeout: float) -> bytes | None:
+def _ask_shared(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     """The shared helper's answer (the caller holds ``_LOCK``); None when there is none or it failed (the
     caller then asks a helper of its own)."""
     address = os.environ.get(SHARED_ENV)
