@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -88,25 +87,31 @@ def test_a_dataset_fsyncs_each_output_once(runs: Path, tmp_path: Path, monkeypat
 
 @pytest.fixture
 def asked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Each probe request this process sends: (path, the thread that sent it)."""
+    """Each probe request this process sends: (path, "ahead" when sent ahead by ``probe_ahead``, else "now")."""
     from rolloutcli.hdf5 import probe
 
     calls: list[tuple[str, str]] = []
-    real = probe._ask
+    real_ask, real_ahead = probe._ask, probe._send_ahead
 
-    def recording(request: dict, timeout: float) -> dict | None:
-        calls.append((request["path"], threading.current_thread().name))
-        return real(request, timeout)
+    def now(request: dict, timeout: float) -> dict | None:
+        calls.append((request["path"], "now"))
+        return real_ask(request, timeout)
 
-    monkeypatch.setattr(probe, "_ask", recording)
+    def ahead(request: dict) -> object:
+        calls.append((request["path"], "ahead"))
+        return real_ahead(request)
+
+    monkeypatch.setattr(probe, "_ask", now)
+    monkeypatch.setattr(probe, "_send_ahead", ahead)
     return calls
 
 
 def _ahead_done() -> None:
     from rolloutcli.hdf5 import probe
 
-    for ahead in list(probe._AHEAD.values()):
-        ahead.done.wait()
+    with probe._LOCK:
+        probe._receive_through(None)
+    assert not probe._SENT
 
 
 def test_a_file_probed_ahead_is_not_probed_again_unless_it_changed(tmp_path: Path, asked: list) -> None:
@@ -115,12 +120,12 @@ def test_a_file_probed_ahead_is_not_probed_again_unless_it_changed(tmp_path: Pat
     path = make_rollout(tmp_path / "r.h5")
     probe.probe_ahead(path)
     assert probe.probe_metadata(path).clean == path_identity(path)
-    assert asked == [(str(path), "rolloutcli-probe-ahead")]
+    assert asked == [(str(path), "ahead")]
     probe.probe_ahead(path)
     os.utime(path, ns=(1, 1))  # another file now: the answer ahead is not taken
     assert probe.probe_metadata(path).clean == path_identity(path)
     _ahead_done()
-    assert sorted(asked) == [(str(path), "MainThread"), *[(str(path), "rolloutcli-probe-ahead")] * 2]
+    assert sorted(asked) == [*[(str(path), "ahead")] * 2, (str(path), "now")]
     probe.probe_ahead(tmp_path)  # not a file: nothing is asked (the open refuses it)
     _ahead_done()
     assert len(asked) == 3
@@ -132,7 +137,7 @@ def test_a_serial_dataset_probes_each_file_once_ahead(runs: Path, tmp_path: Path
     files = sorted(str(runs / name) for name in NAMES)
     first = str(runs / NAMES[0])  # the driver reads its fields before the units run
     assert sorted(path for path, _ in asked) == sorted([*files, first])
-    assert {thread for path, thread in asked if path != first} == {"rolloutcli-probe-ahead"}
+    assert {kind for path, kind in asked if path != first} == {"ahead"}
 
 
 def test_inside_probed_once_a_file_is_listed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -256,3 +261,21 @@ def test_a_batch_dataset_checks_each_files_values_once(
         handle["rewards"][...] = rewards
     with pytest.raises(RolloutError, match="field 'rewards': expected finite numbers, found 1 NaN/Inf values"):
         run_batch(resolve([bad]).files, tmp_path / "out", BatchOptions(num_mini_batches=3, offline=True), RunOptions())
+
+
+def test_probes_ahead_keep_their_answers_in_order_on_one_thread(tmp_path: Path, asked: list) -> None:
+    """Probes sent ahead of many files (more than are kept) leave at most two answers unread on the connection,
+    each file gets its own answer, and no thread is started."""
+    import threading
+
+    from rolloutcli.hdf5 import probe
+
+    paths = [make_rollout(tmp_path / f"r{i}.h5") for i in range(5)]
+    threads = threading.active_count()
+    for path in paths:
+        probe.probe_ahead(path)
+        assert len(probe._SENT) <= probe.AHEAD_KEPT
+    for path in reversed(paths):  # the first three were dropped: asked now; the last two answered in turn
+        assert probe.probe_metadata(path).clean == path_identity(path)
+    assert sorted(kind for _, kind in asked) == ["ahead"] * 5 + ["now"] * 3
+    assert threading.active_count() == threads and not probe._SENT

@@ -314,8 +314,9 @@ def test_probed_once_probes_an_unchanged_file_once(tmp_path: Path, monkeypatch: 
 
     path = make_rollout(tmp_path / "r.h5")
     asked: list[str] = []
-    real = probe._ask
+    real, ahead = probe._ask, probe._send_ahead
     monkeypatch.setattr(probe, "_ask", lambda request, timeout: asked.append(request["path"]) or real(request, timeout))
+    monkeypatch.setattr(probe, "_send_ahead", lambda request: asked.append(request["path"]) or ahead(request))
     probe.probe_metadata(path)
     probe.probe_metadata(path)
     assert len(asked) == 2
@@ -341,8 +342,9 @@ def test_batch_probes_each_file_of_a_dataset_once(tmp_path: Path, monkeypatch: p
 
     paths = [make_rollout(tmp_path / f"r{i}.h5") for i in range(3)]
     asked: list[str] = []
-    real = probe._ask
+    real, ahead = probe._ask, probe._send_ahead
     monkeypatch.setattr(probe, "_ask", lambda request, timeout: asked.append(request["path"]) or real(request, timeout))
+    monkeypatch.setattr(probe, "_send_ahead", lambda request: asked.append(request["path"]) or ahead(request))
     run_batch(paths, tmp_path / "shards", BatchOptions(2, offline=True), RunOptions())
     assert sorted(asked) == sorted(str(p.absolute()) for p in paths)
 

@@ -9,21 +9,18 @@ corrupt (exit 1) and this process never parses it. Data is never read there.
 That process, a prober, reads file after file (a fork per file cost ~16 ms of a small file's ~22 ms); it is
 forked from a small helper interpreter (h5py only, started on first use: ``rolloutcli.hdf5.probe_helper``), not
 from this process, whose page tables (large once torch is loaded) every fork would copy. The helper reads
-requests on stdin (a ``multiprocessing.connection`` socket pair) and exits when this process goes away. On Linux
-it also listens on an abstract Unix socket (a ``Listener``: nothing on disk to leave behind; only the same user
-is answered): the local pool's workers of the same command ask it there (``shared_env``) instead of each
-starting a helper of its own (an interpreter and h5py, ~0.2 s of CPU each, which a command on a 2-CPU machine
-pays in its wall time). Requests name a path and answers are a few bytes: nothing for ``shared_memory`` or
-``send_handle``.
+requests on stdin (a socket pair) and exits when this process goes away. On Linux it also listens on an abstract
+Unix socket (nothing on disk; only the same user is answered): the local pool's workers ask it there
+(``shared_env``) instead of each starting a helper (~0.2 s of CPU each). Requests and answers are a few bytes.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import os
-import queue
 import secrets
 import socket
 import subprocess
@@ -72,7 +69,9 @@ def probe_metadata(path: Path | str, options: SafetyOptions | None = None, timeo
         clean, packed = _PROBED[key]
         return Probed(clean, json.loads(zlib.decompress(packed)) if packed else None)
     ahead = _AHEAD.pop(key, None)
-    answer = ahead.answer() if ahead is not None else _ask(request, _deadline(request))
+    answer = ahead.answer() if ahead is not None else None
+    if answer is None:
+        answer = _ask(request, _deadline(request))
     if answer is None:
         return Probed(None, None)  # no helper (it is not the file's fault): the caller reads and audits the file
     if answer["status"] == "ok":
@@ -112,68 +111,70 @@ def _deadline(request: dict[str, Any]) -> float:
 
 
 class _Ahead:
-    """A probe asked on the probing thread while this process works on the file before (see ``probe_ahead``)."""
+    """A probe sent while this process works on the file before (``probe_ahead``), its answer read when needed
+    or before a later request's. No thread: one took the GIL whenever the command let it go for a system call,
+    which then waited for it (on a loaded machine, up to a switch interval: 5 ms)."""
 
-    def __init__(self, request: dict[str, Any]) -> None:
-        self.request, self.done = request, threading.Event()
-        self._answer: dict[str, Any] | None = None
-
-    def run(self) -> None:
-        try:
-            self._answer = _ask(self.request, _deadline(self.request))
-        finally:
-            self.done.set()
+    def __init__(self, request: dict[str, Any], connection: Connection) -> None:
+        self.request, self.connection, self.received, self._answer = request, connection, False, None
 
     def answer(self) -> dict[str, Any] | None:
-        self.done.wait()
+        """The answer; None when the helper failed before it (the caller asks again)."""
+        with _LOCK:
+            _receive_through(self)
         return self._answer
 
 
-_QUEUE: queue.SimpleQueue[_Ahead] = queue.SimpleQueue()
-_PROBING: list[threading.Thread] = []  # the probing thread, started on first use (one per process)
+_SENT: collections.deque[_Ahead] = collections.deque()  # probes sent ahead, answer not read yet, in order
 
 
-def _probing() -> None:
-    while True:
-        _QUEUE.get().run()
+def _receive_through(ahead: _Ahead | None) -> None:
+    """Read the answers of the probes sent ahead, in order, up to ``ahead``'s (None: all; the caller holds
+    ``_LOCK``). A helper that fails one (gone, stuck) is given up: the others are answered None too."""
+    while _SENT and (ahead is None or not ahead.received):
+        first = _SENT.popleft()
+        first._answer, first.received = _receive(first.connection, _deadline(first.request)), True
+        if first._answer is None:
+            for other in _SENT:
+                other.received = True
+            _SENT.clear()
+            _give_up(first.connection)
 
 
 def _after_fork_in_child() -> None:
-    """A forked child has none of this process's threads: the probes ahead are forgotten, and the lock the
-    probing thread may have held when the child was forked is a new one."""
-    global _LOCK, _QUEUE
-    _LOCK, _QUEUE = threading.Lock(), queue.SimpleQueue()
+    """A forked child asks its own helper: probes sent ahead are forgotten, the lock (held?) is a new one."""
+    global _LOCK
+    _LOCK = threading.Lock()
     _AHEAD.clear()
-    _PROBING.clear()
+    _SENT.clear()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork (nothing is probed there)
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# the files probed ahead -> their probes: the next file's, and the one before while its user starts the next's
-_AHEAD: dict[tuple[Any, ...], _Ahead] = {}
+_AHEAD: dict[tuple[Any, ...], _Ahead] = {}  # files probed ahead -> their probes (the next, and the one before)
 AHEAD_KEPT = 2
 
 
 def probe_ahead(path: Path | str, options: SafetyOptions | None = None) -> None:
-    """Start probing ``path`` now, on another thread, for the ``probe_metadata`` that comes next: the prober reads
-    it while this process works on the file before (a serial run over many small files waits for no probe).
-    The answer counts only while the file is the same one (its identity); the oldest of two earlier probes
-    ahead not yet taken is dropped."""
+    """Send the probe of ``path`` now, for the ``probe_metadata`` that comes next: the prober reads it while this
+    process works on the file before. The answer counts while the file is the same one (its identity); at most
+    two are kept (the oldest dropped) or unread on the connection (the oldest read first: none piles up)."""
     request, key = _request(path, options, None)
     if request is None or len(key) <= 2 or key in _AHEAD or (_PROBED is not None and key in _PROBED):
         return  # nothing to probe, or probed already
     if not os.path.isfile(request["path"]):
         return  # not a regular file (a FIFO would hold a prober until its deadline): the open refuses it
     while len(_AHEAD) >= AHEAD_KEPT:
-        del _AHEAD[next(iter(_AHEAD))]  # the oldest
-    if not _PROBING or not _PROBING[0].is_alive() or _PROBING[0].ident is None:
-        # a daemon thread: a hung helper must not hold up the interpreter's exit (the answer is then not needed)
-        _PROBING[:] = [threading.Thread(target=_probing, name="rolloutcli-probe-ahead", daemon=True)]
-        _PROBING[0].start()
-    _AHEAD[key] = _Ahead(request)
-    _QUEUE.put(_AHEAD[key])
+        del _AHEAD[next(iter(_AHEAD))]  # the oldest (its answer, if sent, is read and dropped in turn)
+    with _LOCK:
+        while len(_SENT) >= AHEAD_KEPT:
+            _receive_through(_SENT[0])
+        connection = _send_ahead(request)
+        if connection is not None:
+            _AHEAD[key] = _Ahead(request, connection)
+            _SENT.append(_AHEAD[key])
 
 
 def probing_ahead(files: Sequence[P], options: SafetyOptions | None = None) -> Iterator[P]:
@@ -193,10 +194,9 @@ _PROBED: dict[tuple[Any, ...], tuple[list[int] | None, bytes | None]] | None = N
 @contextlib.contextmanager
 def probed_once() -> Iterator[None]:
     """Inside the block, a file found sound is not probed again while it is the same file with the same size
-    and modification and change times (``batch`` opens a dataset's files to check them, then to export them; a
-    unit's input opened again while a first handle is still open: a probe is a round trip to the helper and a
-    metadata read, a few ms), and its listing is kept (packed: ~0.4 KB a file) for the next reader, which then
-    does not list the file again (~3 ms a small file). Outside it, every open probes."""
+    and modification and change times (``batch`` opens a dataset's files to check them, then to export them: a
+    probe is a round trip to the helper and a metadata read, a few ms), and its listing is kept (packed: ~0.4 KB
+    a file) for the next reader, which then does not list it again. Outside it, every open probes."""
     global _PROBED
     outer, _PROBED = _PROBED, {}
     try:
@@ -231,9 +231,8 @@ class _Helper:
         theirs.close()
 
     def listening(self) -> bool:
-        """Whether the helper takes connections on its socket (waits for it to start listening, which it does
-        before its imports: tens of milliseconds; a helper that could not listen is given up after
-        ``LISTEN_WAIT`` seconds, and the workers then start helpers of their own)."""
+        """Whether the helper takes connections on its socket (waits for it to listen, before its imports: tens of
+        ms; given up after ``LISTEN_WAIT`` seconds, and the workers then start helpers of their own)."""
         deadline = time.monotonic() + LISTEN_WAIT
         while self.address is not None and self.process.poll() is None and time.monotonic() < deadline:
             try:
@@ -270,9 +269,47 @@ def _exchange(connection: Connection, request: dict[str, Any], timeout: float) -
     JSON, not pickle: the socket's name is public (/proc/net/unix); who binds it after the helper must not run code."""
     with contextlib.suppress(OSError, EOFError, ValueError):
         connection.send_bytes(json.dumps(request).encode())
-        if connection.poll(timeout):
-            return json.loads(connection.recv_bytes(1 << 16))
+        return _receive(connection, timeout)
     return None
+
+
+def _receive(connection: Connection, timeout: float) -> dict[str, Any] | None:
+    """The next answer on ``connection`` (the caller holds ``_LOCK``); None when the helper is gone or did not
+    answer in time. Interrupted (Ctrl-C), the helper is given up: its answer would be taken for the next file's."""
+    try:
+        with contextlib.suppress(OSError, EOFError, ValueError):
+            if connection.poll(timeout):
+                return json.loads(connection.recv_bytes(1 << 16))
+    except BaseException:
+        _give_up(connection)
+        raise
+    return None
+
+
+def _send_ahead(request: dict[str, Any]) -> Connection | None:
+    """Send ``request`` to the helper ``_ask`` asks first (the caller holds ``_LOCK``); the connection it went on,
+    None when there is none or the send failed (the request is then asked when it is needed)."""
+    connection = _shared_connection()
+    if connection is None and (helper := _running_helper()) is not None:
+        connection = helper.connection
+    if connection is None:
+        return None
+    try:
+        connection.send_bytes(json.dumps(request).encode())
+    except (OSError, ValueError):
+        _give_up(connection)
+        return None
+    return connection
+
+
+def _give_up(connection: Connection) -> None:
+    """Stop using the helper behind ``connection`` (the caller holds ``_LOCK``): it failed a request."""
+    global _HELPER
+    if _SHARED.get("connection") is connection:
+        _drop_shared()
+    elif _HELPER is not None and _HELPER.connection is connection:
+        _HELPER.close()
+        _HELPER = None
 
 
 _HELPER: _Helper | None = None
@@ -303,21 +340,16 @@ def _running_helper() -> _Helper | None:
 def _ask(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     """The answer of the helper this process may share (``SHARED_ENV``), else of its own (started if needed);
     None when no helper could answer."""
-    global _HELPER
     with _LOCK:
+        _receive_through(None)  # the answers to requests sent ahead come first on the connection
         answer = _ask_shared(request, timeout)
-        if answer is not None:
-            return answer
-        for _ in range(2):  # a helper that died or got stuck is replaced once
+        for _ in range(2 if answer is None else 0):  # a helper that died or got stuck is replaced once
             helper = _running_helper()
-            if helper is None:
-                return None
-            answer = _exchange(helper.connection, request, timeout)
-            if answer is not None:
-                return answer
-            helper.close()
-            _HELPER = None
-    return None
+            answer = _exchange(helper.connection, request, timeout) if helper is not None else None
+            if answer is not None or helper is None:
+                break
+            _give_up(helper.connection)
+    return answer
 
 
 def shared_env() -> dict[str, str]:
@@ -336,6 +368,16 @@ _SHARED: dict[str, Any] = {}  # this process's connection to the shared helper: 
 def _ask_shared(request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     """The shared helper's answer (the caller holds ``_LOCK``); None when there is none or it failed (the
     caller then asks a helper of its own)."""
+    connection = _shared_connection()
+    answer = _exchange(connection, request, timeout) if connection is not None else None
+    if answer is None:
+        _drop_shared()
+    return answer
+
+
+def _shared_connection() -> Connection | None:
+    """The connection to the helper this process may share (``SHARED_ENV``; the caller holds ``_LOCK``), made
+    on first use; None when there is none."""
     address = os.environ.get(SHARED_ENV)
     if not address or (_HELPER is not None and _HELPER.owner == os.getpid() and _HELPER.address == address):
         return None
@@ -343,10 +385,7 @@ def _ask_shared(request: dict[str, Any], timeout: float) -> dict[str, Any] | Non
         _drop_shared()
         with contextlib.suppress(OSError):
             _SHARED.update(address=address, pid=os.getpid(), connection=_connect(address))
-    answer = _exchange(_SHARED["connection"], request, timeout) if _SHARED else None
-    if answer is None:
-        _drop_shared()
-    return answer
+    return _SHARED.get("connection")
 
 
 def _drop_shared() -> None:
