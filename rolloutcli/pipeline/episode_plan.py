@@ -10,6 +10,7 @@ than the memory budget is never held whole. No h5py here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,7 +89,7 @@ class EpisodePlan:
     (``partial=False``); they are not in ``episodes``.
     """
 
-    files: list[Path]
+    files: Sequence[Path]  # a dataset's files (:class:`rolloutcli.dataset.Paths`: packed, a Path made when read)
     episodes: list[Episode]
     fields: dict[str, tuple[np.dtype, tuple[int, ...]]]
     observations: dict[str, tuple[np.dtype, tuple[int, ...]]]
