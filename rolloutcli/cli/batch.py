@@ -161,7 +161,7 @@ def batch(
             num_mini_batches or 0, epochs, seed, mode, rsl_parity, shuffle_envs, compression, batch_size, offline
         )
     dataset = resolve_inputs(files)
-    source = list(dataset.files) if dataset.many else dataset.files[0]
+    source = dataset.files if dataset.many else dataset.files[0]
     hold_out = None
     if valid_fraction > 0:
         from rolloutcli.pipeline.batch_split import HoldOut
