@@ -162,6 +162,7 @@ def batch(
         )
     dataset = resolve_inputs(files)
     source = dataset.files if dataset.many else dataset.files[0]
+    del dataset  # its names (~80 B a file) are not needed: the export runs on the files alone
     hold_out = None
     if valid_fraction > 0:
         from rolloutcli.pipeline.batch_split import HoldOut

@@ -24,7 +24,7 @@ from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.hdf5.probe import probed_once
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
-from rolloutcli.pipeline.batch_dataset import DatasetFiles, check_files, gae_record, gae_values
+from rolloutcli.pipeline.batch_dataset import DatasetFiles, check_files, dataset_gae, gae_record, gae_values
 from rolloutcli.pipeline.batch_split import HoldOut, Side, plan_sides, run_split_batch
 from rolloutcli.pipeline.history import HistoryOptions, history_job
 from rolloutcli.pipeline.options import RunOptions
@@ -275,7 +275,7 @@ def _job(
         "dropped_rows": plan.dropped_rows,
         "dropped_envs": plan.dropped_envs,
     }
-    gae = gae_record(dataset.gae if dataset is not None else [gae_values(reader)])
+    gae = dataset_gae(dataset) if dataset is not None else gae_record([gae_values(reader)])
     record = asdict(options)
     if options.batch_size is None:  # manifests of -m runs stay as they were
         del record["batch_size"]
