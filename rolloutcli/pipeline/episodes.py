@@ -25,7 +25,7 @@ from rolloutcli.hdf5.probe import probing_ahead
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.engine import EngineOptions, Unit, run_units
 from rolloutcli.pipeline.episode_facts import END_OPEN, END_TIMEOUT, FileFacts, observation_paths, read_facts
-from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
+from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan, Pieces
 
 _FIX_ORDER = "Add the missing file, or export the files of each part of the recording separately."
 
@@ -191,6 +191,7 @@ def plan_episodes(
     for i in np.flatnonzero(digests != digests[0]).tolist():  # the fields again, for the message naming both files
         check_agrees(files[0], first, files[i], signature(files[i], safety)[0])
     plan = EpisodePlan([], [], {}, {})
+    plan.pieces = Pieces(plan.episodes)
     order = array("q")  # the files in reading order, as positions in ``files``: packed as ``files`` at the end
     for rec in _order(facts, files):
         recording = facts[rec[0]].recording or names[rec[0]]
@@ -230,10 +231,12 @@ def _add(plan: EpisodePlan, recording: str, ep: _Open, ends: Ends, sizes: list[i
         origin=ep.origin,
     )
     plan.episodes.append(episode)
+    pieces = plan.pieces
+    assert isinstance(pieces, Pieces)
     row, offset = ep.row0, 0
     for k in range(ep.first_file, ep.last_file + 1):  # every file but the last to its end
         stop = min(sizes[k - k0], row + ep.steps - offset)
-        plan.pieces.setdefault(k, []).append((episode, row, stop, offset))
+        pieces.add(k, episode, row, stop, offset)
         offset, row = offset + stop - row, 0
 
 
