@@ -161,7 +161,8 @@ def batch(
             num_mini_batches or 0, epochs, seed, mode, rsl_parity, shuffle_envs, compression, batch_size, offline
         )
     dataset = resolve_inputs(files)
-    source = list(dataset.files) if dataset.many else dataset.files[0]
+    source = dataset.files if dataset.many else dataset.files[0]
+    del dataset  # its names (~80 B a file) are not needed: the export runs on the files alone
     hold_out = None
     if valid_fraction > 0:
         from rolloutcli.pipeline.batch_split import HoldOut

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from multiprocessing.connection import Connection, Pipe
@@ -37,6 +36,7 @@ from typing import Any, NamedTuple, TypeVar
 from rolloutcli.errors import EXIT_BAD_DATA, RolloutError
 from rolloutcli.hdf5.identity import path_identity
 from rolloutcli.hdf5.limits import SafetyOptions
+from rolloutcli.hdf5.probe_cache import ProbeCache
 
 DEFAULT_PROBE_TIMEOUT = 30.0  # seconds for one file's metadata (real files need milliseconds)
 HELPER_SLACK = 15.0  # extra seconds the helper may need to answer (its own start, the fork)
@@ -65,9 +65,9 @@ def probe_metadata(path: Path | str, options: SafetyOptions | None = None, timeo
     request, key = _request(path, options, timeout)
     if request is None:
         return Probed(None, None)
-    if _PROBED is not None and key in _PROBED:
-        clean, packed = _PROBED[key]
-        return Probed(clean, json.loads(zlib.decompress(packed)) if packed else None)
+    kept = _PROBED.get(key) if _PROBED is not None else None
+    if kept is not None:
+        return Probed(*kept)
     ahead = _AHEAD.pop(key, None)
     answer = ahead.answer() if ahead is not None else None
     if answer is None:
@@ -75,9 +75,8 @@ def probe_metadata(path: Path | str, options: SafetyOptions | None = None, timeo
     if answer is None:
         return Probed(None, None)  # no helper (it is not the file's fault): the caller reads and audits the file
     if answer["status"] == "ok":
-        if _PROBED is not None and len(key) > 2:  # the listing packed: ~0.4 KB a small file, not ~5 as objects
-            listing = answer.get("listing")
-            _PROBED[key] = (answer.get("clean"), zlib.compress(json.dumps(listing).encode()) if listing else None)
+        if _PROBED is not None and len(key) > 2:  # packed: ~0.1 KB a small file, not ~5 as objects
+            _PROBED.put(key, answer.get("clean"), answer.get("listing") or None)
         return Probed(answer.get("clean"), answer.get("listing"))
     if answer["status"] == "timeout":
         raise RolloutError(
@@ -187,18 +186,18 @@ def probing_ahead(files: Sequence[P], options: SafetyOptions | None = None) -> I
 
 
 # inside ``probed_once``: the files found sound, as they were then -> the identity found clean (or None) and the
-# listing (zlib-packed JSON, or None)
-_PROBED: dict[tuple[Any, ...], tuple[list[int] | None, bytes | None]] | None = None
+# listing (or None)
+_PROBED: ProbeCache | None = None
 
 
 @contextlib.contextmanager
 def probed_once() -> Iterator[None]:
     """Inside the block, a file found sound is not probed again while it is the same file with the same size
     and modification and change times (``batch`` opens a dataset's files to check them, then to export them: a
-    probe is a round trip to the helper and a metadata read, a few ms), and its listing is kept (packed: ~0.4 KB
-    a file) for the next reader, which then does not list it again. Outside it, every open probes."""
+    probe is a round trip to the helper and a metadata read, a few ms), and its listing is kept (packed: ~0.1 KB
+    a file, ``probe_cache``) for the next reader, which then does not list it again. Outside it, every open probes."""
     global _PROBED
-    outer, _PROBED = _PROBED, {}
+    outer, _PROBED = _PROBED, ProbeCache()
     try:
         yield
     finally:

@@ -7,6 +7,8 @@ exports, how a block of the source becomes time-major rows and how a shard's row
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -22,6 +24,7 @@ from rolloutcli.errors import RolloutError, problem_line
 from rolloutcli.hdf5.probe import probed_once
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.hdf5.shards import read_region
+from rolloutcli.pipeline.batch_dataset import DatasetFiles, check_files, dataset_gae, gae_record, gae_values
 from rolloutcli.pipeline.batch_split import HoldOut, Side, plan_sides, run_split_batch
 from rolloutcli.pipeline.history import HistoryOptions, history_job
 from rolloutcli.pipeline.options import RunOptions
@@ -156,30 +159,8 @@ def _fields(reader: RolloutReader, mode: str) -> list[Field]:
     return export_fields(reader, pairs)
 
 
-# The manifest's "gae" entries: what the gae runs recorded in each source file (its root attributes).
-GAE_ATTRS = {
-    "gamma": "gae_gamma",
-    "lambda": "gae_lambda",
-    "advantages_normalized": "advantages_normalized",
-    "timeouts_bootstrapped": "timeouts_bootstrapped",
-}
-
-
-def _gae_values(reader: RolloutReader) -> tuple[Any, ...]:
-    return tuple(reader.schema.attrs.get(attr) for attr in GAE_ATTRS.values())
-
-
-@dataclass(frozen=True)
-class DatasetFiles:
-    """What ``batch`` keeps of each file of a dataset (the files are never all open at once: each open file holds
-    ~0.5 MB of libhdf5 caches): its ``(T, N)`` and its gae attributes (:func:`_gae_values`)."""
-
-    sizes: list[tuple[int, int]]
-    gae: list[tuple[Any, ...]]
-
-
 def _check_dataset(
-    files: list[Path], options: BatchOptions | HistoryOptions | TransitionOptions, run: RunOptions
+    files: Sequence[Path], options: BatchOptions | HistoryOptions | TransitionOptions, run: RunOptions
 ) -> DatasetFiles:
     """What a dataset export refuses (exit 2), then the files' agreement (exit 1)."""
     for kind, flag in ((HistoryOptions, "--history"), (TransitionOptions, "--transitions")):
@@ -188,22 +169,7 @@ def _check_dataset(
     assert isinstance(options, BatchOptions)
     if options.rsl_parity:
         raise usage("--rsl-parity: RSL-RL's order is for one file, found a dataset; drop --rsl-parity.")
-    same = None if options.mode == "feedforward" else f"batch --{options.mode}"
-    gae: list[tuple[Any, ...]] = []
-    # the values are checked here, where the driver waits for the next file's probe, not when blocks are planned
-    each, budget = lambda reader: gae.append(_gae_values(reader)), run.max_memory
-    sizes = check_agreement(files, run.safety, same_steps=same, each=each, values=budget)
-    return DatasetFiles(sizes, gae)
-
-
-def _gae_record(values: list[tuple[Any, ...]]) -> dict[str, Any]:
-    """What the gae runs recorded in the sources (None where nothing): one value where every file agrees, else the
-    list of each file's value in dataset order (files made with other options are not silently one setting)."""
-    record = {}
-    for i, key in enumerate(GAE_ATTRS):
-        column = [each[i] for each in values]
-        record[key] = column[0] if all(value == column[0] for value in column) else column
-    return record
+    return check_files(files, run, None if options.mode == "feedforward" else f"batch --{options.mode}")
 
 
 def read_rows(reader: RolloutReader, field: Field, block: Block) -> torch.Tensor:
@@ -309,7 +275,7 @@ def _job(
         "dropped_rows": plan.dropped_rows,
         "dropped_envs": plan.dropped_envs,
     }
-    gae = _gae_record(dataset.gae if dataset is not None else [_gae_values(reader)])
+    gae = dataset_gae(dataset) if dataset is not None else gae_record([gae_values(reader)])
     record = asdict(options)
     if options.batch_size is None:  # manifests of -m runs stay as they were
         del record["batch_size"]
@@ -363,12 +329,12 @@ def run_batch(
         RolloutError: bad option combinations, counts too large for the file or ``--max-memory`` below twice
             a chunk (exit 2), missing fields (exit 1), I/O faults (exit 3).
     """
-    if isinstance(src, (tuple, Paths)):  # a Dataset's files (or a tuple of files): a dataset, not one file
-        src = list(src)
+    if isinstance(src, (tuple, list)):  # a dataset, packed: a list of Path objects held ~500 B a file
+        src = Paths([os.fspath(p) for p in src])
     with probed_once():  # a dataset's files are opened several times here: to check them, then to export them
         if hold_out is not None:
             return _run_split(src, dst, options, run, hold_out, overwrite=overwrite, progress=progress, engine=engine)
-        dataset = _check_dataset(src, options, run) if isinstance(src, list) else None
+        dataset = _check_dataset(src, options, run) if isinstance(src, Paths) else None
         if isinstance(options, HistoryOptions):
             prepare = partial(history_job, options=options, budget=run.max_memory)
         elif isinstance(options, TransitionOptions):
@@ -380,15 +346,13 @@ def run_batch(
         return run_export(src, dst, prepare, run, **export)
 
 
-def _run_split(
-    src: Path | list[Path], dst: Path, options: Any, run: RunOptions, hold_out: HoldOut, **export: Any
-) -> dict:
+def _run_split(src: Path | Paths, dst: Path, options: Any, run: RunOptions, hold_out: HoldOut, **export: Any) -> dict:
     """``batch`` once per side of the split, into ``dst/train`` and ``dst/valid``, published together;
     ``export``: ``overwrite``, ``progress``, ``engine``."""
     hold_out.check(getattr(options, "mode", "history" if isinstance(options, HistoryOptions) else "transitions"))
     _check_options(options)
     hold_out.check_parity(options.rsl_parity)
-    files = src if isinstance(src, list) else [src]
+    files = src if isinstance(src, Paths) else [src]
     dataset = _check_dataset(files, options, run) if len(files) > 1 else None
     sizes = dataset.sizes if dataset is not None else check_agreement(files, run.safety)
     sides = plan_sides(files, sizes, hold_out, run, export.get("engine"))

@@ -10,6 +10,8 @@ than the memory budget is never held whole. No h5py here.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +79,47 @@ class Chunk:
         return self.offset + self.steps == self.episode.steps
 
 
+Piece = tuple[Episode, int, int, int]  # (episode, row_start, row_stop, step of the episode at row_start)
+
+
+class Pieces(Mapping[int, list[Piece]]):
+    """File -> its pieces, in the order added, as integers, each piece made when read (from ``episodes``, by
+    number): a list of tuples a file held ~200 B of the plan of a dataset of small files; this, 40 B a piece."""
+
+    def __init__(self, episodes: Sequence[Episode]) -> None:
+        self.episodes = episodes
+        self._rows = array("q")  # file, episode number, row_start, row_stop, step: 5 a piece, in the order added
+        self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # files, their first rows, the order
+
+    def add(self, file: int, episode: Episode, start: int, stop: int, offset: int) -> None:
+        self._rows.extend((file, episode.number, start, stop, offset))
+        self._index = None
+
+    def _indexed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The files in the order their first piece was added; the pieces' files sorted, and the pieces in that
+        order (a stable sort: each file's in the order added). Copies: the array stays free to grow."""
+        if self._index is None:
+            files = np.frombuffer(self._rows, np.int64)[::5].copy()
+            order = np.argsort(files, kind="stable")
+            keys, first = np.unique(files, return_index=True)
+            self._index = (keys[np.argsort(first, kind="stable")], files[order], order)
+        return self._index
+
+    def __getitem__(self, file: int) -> list[Piece]:
+        _, files, order = self._indexed()
+        lo, hi = np.searchsorted(files, [file, file + 1]).tolist()
+        if lo == hi:
+            raise KeyError(file)
+        rows = [self._rows[5 * i + 1 : 5 * i + 5] for i in order[lo:hi].tolist()]
+        return [(self.episodes[number], start, stop, offset) for number, start, stop, offset in rows]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indexed()[0].tolist())
+
+    def __len__(self) -> int:
+        return len(self._indexed()[0])
+
+
 @dataclass
 class EpisodePlan:
     """The episodes of a dataset, in export order.
@@ -88,7 +131,7 @@ class EpisodePlan:
     (``partial=False``); they are not in ``episodes``.
     """
 
-    files: list[Path]
+    files: Sequence[Path]  # a dataset's files (:class:`rolloutcli.dataset.Paths`: packed, a Path made when read)
     episodes: list[Episode]
     fields: dict[str, tuple[np.dtype, tuple[int, ...]]]
     observations: dict[str, tuple[np.dtype, tuple[int, ...]]]
@@ -99,7 +142,7 @@ class EpisodePlan:
     # last_observations path; file -> its pieces (episode, row_start, row_stop, step of the episode at row_start).
     sources: dict[str, str] = field(default_factory=dict)
     last: dict[str, str] = field(default_factory=dict)
-    pieces: dict[int, list[tuple[Episode, int, int, int]]] = field(default_factory=dict)
+    pieces: Mapping[int, list[Piece]] = field(default_factory=dict)  # the planner's: :class:`Pieces`
     standalone: dict[str, int] = field(default_factory=dict)  # a file without recording_id: its name -> file
 
     @property

@@ -10,13 +10,14 @@ pieces. So a dataset of thousands of files plans in memory; the steps themselves
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from rolloutcli.dataset import check_agrees, dataset_reader, signature
+from rolloutcli.dataset import Paths, check_agrees, dataset_reader, signature
 from rolloutcli.errors import RolloutError
 from rolloutcli.fields import AUTORESET
 from rolloutcli.hdf5.limits import DEFAULT_MAX_MEMORY, SafetyOptions
@@ -24,7 +25,7 @@ from rolloutcli.hdf5.probe import probing_ahead
 from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.engine import EngineOptions, Unit, run_units
 from rolloutcli.pipeline.episode_facts import END_OPEN, END_TIMEOUT, FileFacts, observation_paths, read_facts
-from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan
+from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan, Pieces
 
 _FIX_ORDER = "Add the missing file, or export the files of each part of the recording separately."
 
@@ -190,17 +191,20 @@ def plan_episodes(
     for i in np.flatnonzero(digests != digests[0]).tolist():  # the fields again, for the message naming both files
         check_agrees(files[0], first, files[i], signature(files[i], safety)[0])
     plan = EpisodePlan([], [], {}, {})
+    plan.pieces = Pieces(plan.episodes)
+    order = array("q")  # the files in reading order, as positions in ``files``: packed as ``files`` at the end
     for rec in _order(facts, files):
         recording = facts[rec[0]].recording or names[rec[0]]
         if facts[rec[0]].recording is None:
-            plan.standalone[names[rec[0]]] = len(plan.files)
-        episodes, partials = _walk(rec, facts, files, len(plan.files), partial)
+            plan.standalone[names[rec[0]]] = len(order)
+        episodes, partials = _walk(rec, facts, files, len(order), partial)
         sizes, plan.partial = [facts[i].T for i in rec], plan.partial + partials
         for ep, ends in sorted(episodes, key=lambda item: (item[0].start, item[0].lane)):
-            _add(plan, recording, ep, ends, sizes, len(plan.files))
-        plan.files.extend(files[i] for i in rec)
+            _add(plan, recording, ep, ends, sizes, len(order))
+        order.extend(rec)
         for i in rec:
             facts[i] = None  # walked: what is left of the file is in the plan
+    plan.files = Paths([str(files[i]) for i in order])  # a list of Path objects held ~500 B a file
     plan.left_out = 0 if partial else plan.partial
     with dataset_reader(plan.files[0], safety, check=False) as reader:
         _describe(plan, reader)
@@ -227,10 +231,12 @@ def _add(plan: EpisodePlan, recording: str, ep: _Open, ends: Ends, sizes: list[i
         origin=ep.origin,
     )
     plan.episodes.append(episode)
+    pieces = plan.pieces
+    assert isinstance(pieces, Pieces)
     row, offset = ep.row0, 0
     for k in range(ep.first_file, ep.last_file + 1):  # every file but the last to its end
         stop = min(sizes[k - k0], row + ep.steps - offset)
-        plan.pieces.setdefault(k, []).append((episode, row, stop, offset))
+        pieces.add(k, episode, row, stop, offset)
         offset, row = offset + stop - row, 0
 
 

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rolloutcli.core.batching import BatchPlan, block_rows
-from rolloutcli.dataset import file_hash
+from rolloutcli.core.batching import BatchPlan
+from rolloutcli.dataset import Paths, file_hash
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
 from rolloutcli.hdf5.probe import probing_ahead
@@ -41,23 +41,23 @@ from rolloutcli.hdf5.shards import (
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.progress import Progress
 from rolloutcli.pipeline.scatter import Emitter, Field, Gathered, Rows, ShardScatter
+from rolloutcli.pipeline.shard_sources import Block, Source, Sources
 
-Block = tuple[int, int, int, int]  # steps t0:t1 x envs n0:n1 of the source
 # Pieces of shards waiting for their other rows stay in memory up to a quarter of the budget and at most this,
 # then go to spill files (a sequential append, read back once; the page cache holds them, not this process):
 # the pieces of a dataset grow with its files, and the process must not (10,000 files within 1.2x of 100).
 PENDING_MAX = 8 << 20
-Opener = Callable[[Path], AbstractContextManager[RolloutReader]]  # a file's reader, open inside the block
+Opener = Callable[[str | Path], AbstractContextManager[RolloutReader]]  # a file's reader, open inside the block
 
 
-def _hash_files(paths: list[Path], stop: threading.Event) -> list[str]:
+def _hash_files(paths: Sequence[Path], stop: threading.Event) -> list[str]:
     """Each source's XXH3-128, hashed beside the export (sha256 would make it wait)."""
     return [file_hash(path, stop) for path in paths]
 
 
 @contextmanager
 def shard_folder(
-    srcs: list[Path], dst: Path, job: ExportJob, overwrite: bool
+    srcs: Sequence[Path], dst: Path, job: ExportJob, overwrite: bool
 ) -> Iterator[tuple[Path, ShardWriter, Future]]:
     """The temporary folder beside ``dst``, its writer and the sources' hashes to come; published when the block
     ends normally (write the manifest last, inside it). Torch runs on one thread: idle OpenMP workers
@@ -104,7 +104,7 @@ def _source_record(source: Source, source_hash: str) -> dict[str, Any]:
     }
 
 
-def _manifest(sources: list[Source], job: ExportJob, hashes: list[str], shards: list[Any]) -> dict[str, Any]:
+def _manifest(sources: Sequence[Source], job: ExportJob, hashes: list[str], shards: list[Any]) -> dict[str, Any]:
     """The manifest: the source file (with its XXH3-128; a dataset: its files, their row and env offsets), the
     mode's entries, each field's row, the shards."""
     records = [_source_record(s, h) for s, h in zip(sources, hashes, strict=True)]
@@ -122,25 +122,6 @@ def _manifest(sources: list[Source], job: ExportJob, hashes: list[str], shards: 
     }
     head = {"format": MANIFEST_FORMAT, "format_version": FORMAT_VERSION, "mode": job.mode}
     return {**head, "source": source, **job.manifest, "fields": fields, "shards": shards}
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    """One file of the export, its blocks, and where its rows sit in the dataset: feed-forward row
-    ``row_offset + t * N + n``; with ``env_concat`` (one T, files side by side along envs) ``t * N_total +
-    env_offset + n``. One file: both are ``t * N + n``. No open reader: an open HDF5 file holds ~0.5 MB of
-    libhdf5 caches, so a dataset's files are opened one at a time (all open, 1,000 files took 1 GB)."""
-
-    path: Path
-    T: int
-    N: int
-    blocks: list[Block]
-    row_offset: int = 0
-    env_offset: int = 0
-
-    def rows(self, block: Block, env_concat: bool, total_envs: int) -> torch.Tensor:
-        """``[steps * envs]`` int64 dataset rows of a block, time-major."""
-        return block_rows(block, self.N, (self.row_offset, self.env_offset), env_concat, total_envs)
 
 
 @dataclass
@@ -222,7 +203,7 @@ GATHER_BYTES = 1 << 20  # small blocks are joined up to this size (``Gathered``)
 
 
 def _export_passes(
-    job: ExportJob, emitter: Emitter, folder: Path, sources: list[Source], budget: int, opened: Opener
+    job: ExportJob, emitter: Emitter, folder: Path, sources: Sequence[Source], budget: int, opened: Opener
 ) -> None:
     """Per pass, read each block (a single block once for every pass) and scatter its items to their shards;
     a file is open while its blocks are read."""
@@ -258,7 +239,7 @@ def _export_passes(
         out.finish()
 
 
-def _run_parallel(job: ExportJob, sources: list[Source], tmp: Path, run: RunOptions, engine: Any) -> dict:
+def _run_parallel(job: ExportJob, sources: Sequence[Source], tmp: Path, run: RunOptions, engine: Any) -> dict:
     from rolloutcli.pipeline.parallel_export import ExportSpec, run_parallel
 
     assert job.shape is not None
@@ -297,17 +278,21 @@ def _check_shards_fit(job: ExportJob, budget: int) -> None:
         )
 
 
-def _sources(srcs: list[Path], job: ExportJob, run: RunOptions, opened: Opener) -> list[Source]:
+def _sources(srcs: Paths, job: ExportJob, run: RunOptions, opened: Opener) -> Sources:
     """Each file's blocks and offsets, the files opened one at a time (the next one probed meanwhile); then the
     shards' check (no block read yet)."""
-    out, rows, envs = [], 0, 0
+    out, rows, envs = Sources(srcs), 0, 0
     budget = run.max_memory
     for path in probing_ahead(srcs, run.safety):
         with opened(path) as reader:
-            out.append(Source(path, reader.T, reader.N, plan_blocks(reader, job, budget), rows, envs))
+            out.append(reader.T, reader.N, plan_blocks(reader, job, budget), rows, envs)
             rows, envs = rows + reader.T * reader.N, envs + reader.N
     _check_shards_fit(job, budget)
     return out
+
+
+def _many(src: Path | Sequence[Path]) -> bool:
+    return not isinstance(src, str | os.PathLike)  # a str is a Sequence too, and one path
 
 
 def run_export(
@@ -336,16 +321,16 @@ def run_export(
         start_engine(engine)
     progress = progress or Progress()
     started = time.perf_counter()
-    given = list(src) if isinstance(src, (list, tuple)) else [src]
-    srcs = [p if isinstance(p, Path) else Path(p) for p in given]  # a dataset's Paths, not copies (~400 bytes each)
-    dst = Path(dst)
+    # packed (a list of Path objects held ~500 B a file); its paths are unique (``resolve``): a name says which
+    srcs = src if isinstance(src, Paths) else Paths([os.fspath(p) for p in (src if _many(src) else [src])])
+    dst, first_name = Path(dst), os.fspath(srcs[0])
     with RolloutReader(srcs[0], run.safety, budget=run.max_memory) as first:
 
-        def opened(path: Path, check: bool = False) -> AbstractContextManager[RolloutReader]:
+        def opened(path: str | Path, check: bool = False) -> AbstractContextManager[RolloutReader]:
             """The first file's reader (open for the whole export) or a new one: the values of the other files
             are checked once, when their blocks are planned (``_sources``) unless ``checked``, and not again
             when they are read."""
-            if path is srcs[0]:
+            if os.fspath(path) == first_name:
                 return nullcontext(first)
             return RolloutReader(path, run.safety, check=check, budget=run.max_memory)
 
