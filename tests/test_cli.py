@@ -164,7 +164,7 @@ def test_json_written_in_pieces_is_json_dumps_byte_for_byte() -> None:
     import torch
 
     from rolloutcli.cli.render import _plain, json_pieces, printable
-    from rolloutcli.pipeline.dataset_totals import Rows
+    from rolloutcli.pipeline.lazy import Lazy
 
     rows = [{"file": Path(f"{i}.h5"), "n": np.int64(i), "mean": np.float32(0.5) if i else np.nan} for i in range(3)]
     results = [
@@ -177,12 +177,12 @@ def test_json_written_in_pieces_is_json_dumps_byte_for_byte() -> None:
         expected = json.dumps(_plain(result), default=str, allow_nan=False)
         assert "".join(json_pieces(result)) == expected
         json.loads(expected)
-    # rows made as they are read (dataset_totals.Rows): written, and made printable, as the list they stand for
-    made = Rows(3, lambda i: rows[i])
+    # rows made as they are read (pipeline.lazy.Lazy): written, and made printable, as the list they stand for
+    made = Lazy(3, lambda i: rows[i])
     assert len(made) == 3 and made[-1] is rows[2] and list(made) == rows
     with pytest.raises(IndexError):
         made[3]
-    lazy, listed = {"files": made, "empty": Rows(0, rows.__getitem__)}, {"files": rows, "empty": []}
+    lazy, listed = {"files": made, "empty": Lazy(0, rows.__getitem__)}, {"files": rows, "empty": []}
     assert "".join(json_pieces(lazy)) == json.dumps(_plain(listed), default=str, allow_nan=False)
     assert printable(lazy) == printable(listed)
 

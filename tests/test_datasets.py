@@ -198,7 +198,7 @@ def test_inspect_a_dataset_table_totals_and_statistics_over_all_files(cli, runs:
     report = json.loads(out)
     assert [f["name"] for f in report["files"]] == ["a/r1.h5", "r0.h5", "r2.h5"]
     assert [(f["T"], f["N"]) for f in report["files"]] == [(12, 3), (20, 2), (12, 4)]
-    # the rows are kept as five numbers a file (dataset_totals.Rows) and made whole as they are printed
+    # the rows are kept as five numbers a file (pipeline.lazy.Lazy) and made whole as they are printed
     files = resolve([runs]).files
     singles = [json.loads(cli("inspect", f, "--json")[1]) for f in files]
     assert report["files"] == [

@@ -22,7 +22,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.text import Text
 
 from rolloutcli.errors import one_line, stop_if_signalled
-from rolloutcli.pipeline.dataset_totals import Rows
+from rolloutcli.pipeline.lazy import Lazy
 from rolloutcli.pipeline.progress import Progress, TestPause
 
 PIPE_WIDTH = 80  # the width of stdout when it is not a terminal and COLUMNS is not set
@@ -90,7 +90,7 @@ def printable(value: Any) -> Any:
         return one_line(str(value))
     if isinstance(value, dict):
         return {printable(k): printable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, Rows)):
+    if isinstance(value, (list, tuple, Lazy)):
         return [printable(v) for v in value]
     return value
 
@@ -105,7 +105,7 @@ def _plain(value: Any) -> Any:
         out = {str(k): _plain(v) for k, v in value.items()}
         same = type(value) is dict and all(type(k) is str and out[k] is v for k, v in value.items())
         return value if same else out
-    if isinstance(value, (list, tuple, Rows)):
+    if isinstance(value, (list, tuple, Lazy)):
         items = [_plain(v) for v in value]
         return value if type(value) is list and all(a is b for a, b in zip(items, value, strict=True)) else items
     if isinstance(value, float) and not math.isfinite(value):
@@ -121,7 +121,7 @@ def json_pieces(result: dict[str, Any]) -> Iterator[str]:
     ~1.2 KB a file of the driver's memory while it was printed (3.6 MB more for 3,000 files)."""
     for k, (key, value) in enumerate(result.items()):
         yield ("{" if k == 0 else ", ") + _dumps(str(key)) + ": "
-        if isinstance(value, (list, Rows)):  # Rows: each row made as it is written
+        if isinstance(value, (list, Lazy)):  # Lazy: each row made as it is written
             for i, item in enumerate(value):
                 yield ("[" if i == 0 else ", ") + _dumps(item)
             yield "]" if value else "[]"

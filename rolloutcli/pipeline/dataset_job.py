@@ -15,7 +15,7 @@ import contextlib
 import os
 import shutil
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from rolloutcli.pipeline.dataset_partial import (
 )
 from rolloutcli.pipeline.dataset_totals import Totals, compact
 from rolloutcli.pipeline.engine import EngineOptions, Unit, close_pools, run_units, start_engine
+from rolloutcli.pipeline.lazy import Lazy
 from rolloutcli.pipeline.progress import Progress, unit_progress
 from rolloutcli.pipeline.timeouts_rule import DATASET_DEFAULT_NOTE
 
@@ -177,8 +178,9 @@ def run_dataset(
     reused = journal.done
     try:
         serial = engine.engine == "local" and engine.workers == 1  # then the units run in order, here
-        units = _Units(dataset, tmp, make_unit, base, journal.offsets, serial)
-        reporter = _Reporter(dataset, units.pending, journal, progress or Progress(), command, rows)
+        pending = array("q", (i for i, offset in enumerate(journal.offsets) if offset < 0))
+        units = _units(dataset, tmp, make_unit, base, pending, serial)
+        reporter = _Reporter(dataset, pending, journal, progress or Progress(), command, rows)
         run_units(units, engine, reporter.done)
     except BaseException:
         (progress or Progress()).finish()
@@ -248,38 +250,25 @@ def _start_journal(journal: Journal, kept: Iterable[tuple[int, dict[str, Any]]])
     return journal
 
 
-class _Units(Sequence[Unit]):
-    """The work units of the files not yet done (``offsets`` -1), each made when the engine takes it: a list of
-    them held about 1 KB a file in the driver for the whole run. Stale outputs are removed first (a unit does not
-    overwrite)."""
+def _units(
+    dataset: Dataset, tmp: Path, make_unit: Callable[[Path, Path], Unit], base: Base, pending: array, serial: bool
+) -> Lazy[Unit]:
+    """The work units of the files not yet done (``pending``: unit k's input), each made when the engine takes it:
+    a list of them held about 1 KB a file in the driver for the whole run. Stale outputs are removed first (a
+    unit does not overwrite)."""
+    for i in pending:
+        out = tmp / dataset.names[i]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(out):
+            out.unlink()
 
-    def __init__(
-        self,
-        dataset: Dataset,
-        tmp: Path,
-        make_unit: Callable[[Path, Path], Unit],
-        base: Base,
-        offsets: array,
-        serial: bool,
-    ) -> None:
-        self.dataset, self.tmp, self.make_unit, self.base, self.serial = dataset, tmp, make_unit, base, serial
-        self.pending = array("q", (i for i, offset in enumerate(offsets) if offset < 0))  # unit k's input
-        for i in self.pending:
-            out = tmp / dataset.names[i]
-            out.parent.mkdir(parents=True, exist_ok=True)
-            if os.path.lexists(out):
-                out.unlink()
+    def unit(k: int) -> Unit:
+        i, name = pending[k], dataset.names[pending[k]]
+        src = Path(os.path.abspath(dataset.files[i]))  # absolute: tasks run in other folders
+        ahead = dataset.files[pending[k + 1]] if serial and k + 1 < len(pending) else None
+        return (hashed_unit, (*make_unit(src, tmp / name), src, tmp / name, name, base, ahead))
 
-    def __len__(self) -> int:
-        return len(self.pending)
-
-    def __getitem__(self, k: int) -> Unit:  # type: ignore[override]  # no slices: the engine takes one at a time
-        i = self.pending[k]
-        name = self.dataset.names[i]
-        out = self.tmp / name
-        src = Path(os.path.abspath(self.dataset.files[i]))  # absolute: tasks run in other folders
-        ahead = self.dataset.files[self.pending[k + 1]] if self.serial and k + 1 < len(self.pending) else None
-        return (hashed_unit, (*self.make_unit(src, out), src, out, name, self.base, ahead))
+    return Lazy(len(pending), unit)
 
 
 def _publish(tmp: Path, dst: Path, overwrite: bool) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from rolloutcli.pipeline.timeouts_rule import describe
@@ -29,21 +28,6 @@ SUMMED = {
 }
 DROPPED = {"input", "output", "in_place", "seconds"}  # per file, not per dataset (the fields: the first file's)
 MOMENT_KEYS = {"count", "mean", "std", "min", "max", "nonfinite"}
-
-
-class Rows(Sequence[dict[str, Any]]):
-    """A report's ``count`` rows, row ``i`` made by ``row(i)`` when read (from what the command keeps a file: a
-    few numbers): a dict per file held ~400 bytes of the driver's memory until the report was printed. Printed,
-    and made JSON, as a list (``cli.render``)."""
-
-    def __init__(self, count: int, row: Callable[[int], dict[str, Any]]) -> None:
-        self.count, self.row = count, row
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]  # no slices: read one at a time
-        return self.row(range(self.count)[i])  # a negative index counts from the end; out of range: IndexError
 
 
 def compact(summary: dict[str, Any]) -> dict[str, Any]:

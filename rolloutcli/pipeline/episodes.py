@@ -26,6 +26,7 @@ from rolloutcli.hdf5.reader import RolloutReader
 from rolloutcli.pipeline.engine import EngineOptions, Unit, run_units
 from rolloutcli.pipeline.episode_facts import END_OPEN, END_TIMEOUT, FileFacts, observation_paths, read_facts
 from rolloutcli.pipeline.episode_plan import Chunk, Episode, EpisodePlan, Pieces
+from rolloutcli.pipeline.lazy import Lazy
 
 _FIX_ORDER = "Add the missing file, or export the files of each part of the recording separately."
 
@@ -139,23 +140,6 @@ def _walk(
     return kept, partials
 
 
-class _FactUnits(Sequence[Unit]):
-    """A unit of :func:`read_facts` a file, made when the engine takes it (a list of them held ~160 B a file for
-    the whole read); ``ahead``: the units run in order here, each probes the next file."""
-
-    def __init__(self, files: Sequence[Path], safety: SafetyOptions | None, budget: int, ahead: bool) -> None:
-        self.files, self.safety, self.budget, self.ahead = files, safety, budget, ahead
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int) -> Unit:  # type: ignore[override]  # no slices: the engine takes one at a time
-        if not 0 <= i < len(self.files):
-            raise IndexError(i)
-        ahead = self.files[i + 1] if self.ahead and i + 1 < len(self.files) else None
-        return read_facts, (self.files[i], self.safety, self.budget, ahead)
-
-
 def plan_episodes(
     files: Sequence[Path],
     names: Sequence[str],
@@ -187,7 +171,10 @@ def plan_episodes(
 
     engine = engine or EngineOptions()
     serial = engine.engine == "local" and engine.workers == 1  # the units run in order, here: each probes the next
-    run_units(_FactUnits(files, safety, budget, serial), engine, done)
+    def unit(i: int) -> Unit:  # made when the engine takes it (a list of them held ~160 B a file for the read)
+        return read_facts, (files[i], safety, budget, files[i + 1] if serial and i + 1 < len(files) else None)
+
+    run_units(Lazy(len(files), unit), engine, done)
     for i in np.flatnonzero(digests != digests[0]).tolist():  # the fields again, for the message naming both files
         check_agrees(files[0], first, files[i], signature(files[i], safety)[0])
     plan = EpisodePlan([], [], {}, {})

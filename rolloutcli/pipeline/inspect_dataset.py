@@ -20,8 +20,8 @@ from rolloutcli.dataset import Dataset, check_agreement, check_agrees, dataset_r
 from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5.probe import probing_ahead
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.pipeline.dataset_totals import Rows
 from rolloutcli.pipeline.inspect import MOMENT_FIELDS, _episodes_report, _scan
+from rolloutcli.pipeline.lazy import Lazy
 from rolloutcli.pipeline.options import RunOptions
 from rolloutcli.pipeline.per_dim import merge_scans, per_dim_report, scan_per_dim
 from rolloutcli.pipeline.progress import Progress
@@ -29,7 +29,7 @@ from rolloutcli.pipeline.progress import Progress
 ROW_NUMBERS = 5  # a file's size in bytes, T, N, completed episodes, warnings
 
 
-def _file_rows(dataset: Dataset, numbers: array) -> Rows:
+def _file_rows(dataset: Dataset, numbers: array) -> Lazy[dict[str, Any]]:
     """A row per file of ``dataset`` from its ``ROW_NUMBERS`` numbers in ``numbers`` (40 bytes a file kept)."""
 
     def row(i: int) -> dict[str, Any]:
@@ -45,7 +45,7 @@ def _file_rows(dataset: Dataset, numbers: array) -> Rows:
             "warnings": warnings,
         }
 
-    return Rows(len(numbers) // ROW_NUMBERS, row)
+    return Lazy(len(numbers) // ROW_NUMBERS, row)
 
 
 def _merge(a: EpisodeStats, b: EpisodeStats) -> EpisodeStats:
