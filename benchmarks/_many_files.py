@@ -10,6 +10,8 @@ process after its imports:
   output with the same datasets beside the destination, fsync it and rename it (the durability the commands give);
 - ``batch`` and ``export --to d4rl`` (one output for every input): open the file and read every dataset.
 
+``batch`` runs twice: ``-m 16`` (the wall figure) and ``--batch-size 400`` (shards of one size on 100 files and on
+all of them: the memory figure of the file count alone; ``-m 16`` also holds two shards 100 times larger).
 Each command runs as a CLI subprocess with ``--workers 1`` (and ``gae`` with ``--workers 2``, for the CPU
 efficiency: CPU(workers 2) / CPU(workers 1), every process counted, goal at most 1.3x). Goals (issue 39): wall
 time per file at most 2x the reference's; peak RSS of the driver and of the other processes on all files within
@@ -96,15 +98,19 @@ def reference(files: list[Path], kind: str, out: Path) -> tuple[float, float]:
     return seconds
 
 
-# command name -> (its arguments after the input, the reference kind, the input: recordings or their gae outputs)
+# a label: the command and its arguments after the input, the reference kind, the input (recordings or their gae
+# outputs). ``batch -m 16`` makes shards 100 times larger on all the files than on 100 of them, and holds two
+# while it writes; ``batch --batch-size 400`` makes shards of one size on both (400 rows: 16 of them on 100 files),
+# so its memory figure is what the file count alone adds.
 COMMANDS: dict[str, tuple[list[str], str, str]] = {
-    "inspect": (["--json"], "inspect", "runs"),
-    "gae": ([], "write", "runs"),
-    "returns": ([], "write", "runs"),
-    "nstep": ([], "write", "runs"),
-    "split": ([], "write", "runs"),
-    "batch": (["-m", "16"], "read", "gae"),
-    "export": (["--to", "d4rl"], "read", "runs"),  # whole episodes into one file (no wall goal: memory's)
+    "inspect": (["inspect", "--json"], "inspect", "runs"),
+    "gae": (["gae"], "write", "runs"),
+    "returns": (["returns"], "write", "runs"),
+    "nstep": (["nstep"], "write", "runs"),
+    "split": (["split"], "write", "runs"),
+    "batch": (["batch", "-m", "16"], "read", "gae"),
+    "batch-rows": (["batch", "--batch-size", "400"], "read", "gae"),
+    "export": (["export", "--to", "d4rl"], "read", "runs"),  # whole episodes into one file (no wall goal: memory's)
 }
 
 
@@ -121,7 +127,7 @@ def many_files(folder: Path, count: int, measured: Any, load: Any, only: list[st
     made = time.perf_counter() - started
     print(f"many files: {count} recordings of T={T}, N={N}, {size:.1f} MiB, made in {made:.0f} s; {load()}", flush=True)
     inputs = {"runs": (runs, small)}
-    for name, (extra, kind, source) in COMMANDS.items():
+    for name, ((command, *extra), kind, source) in COMMANDS.items():
         if only and name not in only:
             continue
         if source == "gae" and "gae" not in inputs:
@@ -140,7 +146,7 @@ def many_files(folder: Path, count: int, measured: Any, load: Any, only: list[st
             elif out:
                 shutil.rmtree(out[1], ignore_errors=True)
             engine = ["--workers", workers] if out else []  # inspect runs in the driver
-            figures[label] = measured(name, src, *extra, *out, *engine)
+            figures[label] = measured(command, src, *extra, *out, *engine)
         _report(name, count, ref, figures, load)
 
 
@@ -149,7 +155,7 @@ def _report(name: str, count: int, ref: tuple[float, float], figures: dict[str, 
     per_file, cpu = run["wall"] / count, run["cpu"] / count
     line = (
         f"{name}: {per_file * 1e3:.2f} ms a file vs h5py {ref[0] * 1e3:.2f} ms: {per_file / ref[0]:.2f}x "
-        f"({'no goal' if name == 'export' else 'goal <= 2x'}), "
+        f"({'no goal' if name in ('export', 'batch-rows') else 'goal <= 2x'}), "
         f"CPU {cpu * 1e3:.2f} ms vs {ref[1] * 1e3:.2f} ms ({cpu / ref[1]:.2f}x, every process); "
         f"each file past the first {SUBSET} (start-up left out): {_marginal(run, small, count, 'wall', ref[0])} wall, "
         f"{_marginal(run, small, count, 'cpu', ref[1])} CPU; "
