@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from rolloutcli.hdf5.typecache import create_attr, memory_type, read_attr, stored_dtype
+from rolloutcli.hdf5.typecache import create_attr, memory_type, read_attr, read_attr_typed, stored_dtype
 
 VALUES: list[tuple[Any, Any]] = [  # (value, dtype given to create: None = h5py's choice)
     ("trajectories", None),
@@ -81,6 +81,7 @@ def test_read_attr_gives_h5py_values(tmp_path: Path) -> None:
             for name in obj.attrs:
                 _same(read_attr(obj, name), obj.attrs[name])
                 _same(read_attr(obj, name), obj.attrs[name])  # from the caches
+                assert read_attr_typed(obj, name)[1] == obj.attrs.get_id(name).dtype
 
 
 def test_missing_attribute_raises_as_h5py(tmp_path: Path) -> None:

@@ -63,17 +63,22 @@ def stored_dtype(tid: h5py.h5t.TypeID) -> np.dtype:
 
 def read_attr(obj: Any, name: str) -> Any:
     """``obj.attrs[name]`` (``obj``: an h5py File, Group, Dataset or Datatype), as h5py reads it."""
+    return read_attr_typed(obj, name)[0]
+
+
+def read_attr_typed(obj: Any, name: str) -> tuple[Any, np.dtype]:
+    """``obj.attrs[name]`` and the dtype h5py reads its stored type as (the attribute opened once)."""
     attr = h5py.h5a.open(obj.id, name.encode())
     dtype = stored_dtype(attr.get_type())
     shape = attr.shape
     if shape is None or dtype.subdtype is not None:  # an empty attribute, an array type: h5py's own way
-        return obj.attrs[name]
+        return obj.attrs[name], dtype
     arr = np.zeros(shape, dtype=dtype, order="C")
     attr.read(arr, mtype=memory_type(dtype))
     string_info = h5py.check_string_dtype(dtype)
     if string_info and string_info.length is None:  # variable-length strings: bytes to str, as h5py does
         arr = np.array([b.decode("utf-8", "surrogateescape") for b in arr.flat], dtype=dtype).reshape(arr.shape)
-    return arr[()] if arr.ndim == 0 else arr
+    return arr[()] if arr.ndim == 0 else arr, dtype
 
 
 def create_attr(obj: Any, name: str, value: Any, dtype: Any = None) -> None:

@@ -26,7 +26,7 @@ from rolloutcli.errors import EXIT_IO, RolloutError
 from rolloutcli.hdf5.listing import selects_all
 from rolloutcli.hdf5.listing import text as listing_text
 from rolloutcli.hdf5.safety import HDF5_ERRORS, system_errno, translate_write_error
-from rolloutcli.hdf5.typecache import create_attr, memory_type, read_attr, stored_dtype
+from rolloutcli.hdf5.typecache import create_attr, memory_type, read_attr_typed
 
 if TYPE_CHECKING:  # tensors are recognised by duck typing: `gae` on the CPU never imports torch
     import torch
@@ -299,9 +299,7 @@ class RolloutOutput:
             held = source.handle[name] if name else source.handle  # each object looked up once
             out = self.file[target] if target else self.file
             for key in source.guard(lambda held=held: list(held.attrs), name or None):
-                stored = source.guard(lambda held=held, key=key: held.attrs.get_id(key).get_type(), name or None)
-                dtype = stored_dtype(stored)
-                value = source.guard(lambda held=held, key=key: read_attr(held, key), name or None)
+                value, dtype = source.guard(lambda held=held, key=key: read_attr_typed(held, key), name or None)
                 value = _repoint(value, source.handle, self.file, rename)
                 if value is _DANGLING:  # an object copy brought it along, pointing into the source: remove it
                     dropped.append(f"{name or '/'}@{key}")

@@ -10,8 +10,8 @@ T = TypeVar("T")
 
 
 class Lazy(Sequence[T]):
-    """``count`` items, item ``i`` made by ``make(i)`` each time it is read (not kept). Printed, and made JSON, as
-    a list (``cli.render``)."""
+    """``count`` items, item ``i`` made by ``make(i)`` each time it is read (not kept). A report's rows are printed,
+    and made JSON, as a list (``cli.render``); an engine takes its units one at a time."""
 
     def __init__(self, count: int, make: Callable[[int], T]) -> None:
         self.count, self.make = count, make
