@@ -263,6 +263,43 @@ def test_a_batch_dataset_checks_each_files_values_once(
         run_batch(resolve([bad]).files, tmp_path / "out", BatchOptions(num_mini_batches=3, offline=True), RunOptions())
 
 
+def test_a_batch_dataset_opens_each_file_to_check_it_and_to_export_it(
+    runs: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its blocks are planned from the probes' listings (``reader.listed``), not from a third open."""
+    from rolloutcli.dataset import resolve
+    from rolloutcli.pipeline.batch import BatchOptions, run_batch
+    from rolloutcli.pipeline.options import RunOptions
+
+    opened: list[str] = []
+    real = reader_module.open_listed
+    monkeypatch.setattr(reader_module, "open_listed", lambda path, o: opened.append(Path(path).name) or real(path, o))
+    files = resolve([runs]).files
+    run_batch(files, tmp_path / "shards", BatchOptions(num_mini_batches=3, offline=True), RunOptions())
+    names = [path.name for path in files]
+    assert sorted(opened) == sorted([*names, *names])
+
+
+def test_a_listed_file_is_the_probed_one_and_a_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``listed`` gives what a reader of the file has, and None (open it) unless the probe found this very file
+    clean and listed it, and the listing is a rollout file's."""
+    from rolloutcli.hdf5 import probe
+
+    path = make_rollout(tmp_path / "r.h5")
+    found = reader_module.listed(path)
+    with RolloutReader(path) as reader:
+        assert found is not None and found.schema == reader.schema and (found.T, found.N) == (reader.T, reader.N)
+    probed = probe.probe_metadata(path)
+    for other in (Probed([0, 0, 0, 0, 0], probed.listing), Probed(probed.clean, None)):
+        monkeypatch.setattr(reader_module, "probe_metadata", lambda path, options, other=other: other)
+        assert reader_module.listed(path) is None
+    not_rollout = {**probed.listing, "datasets": {}}
+    monkeypatch.setattr(reader_module, "probe_metadata", lambda path, options: Probed(probed.clean, not_rollout))
+    assert reader_module.listed(path) is None
+
+
 def test_probes_ahead_keep_their_answers_in_order_on_one_thread(tmp_path: Path, asked: list) -> None:
     """Probes sent ahead of many files (more than are kept) leave at most two answers unread on the connection,
     each file gets its own answer, and no thread is started."""

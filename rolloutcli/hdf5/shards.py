@@ -31,7 +31,7 @@ from rolloutcli.hdf5.filecopy import start_writeback
 from rolloutcli.hdf5.safety import HDF5_ERRORS, SafetyOptions, open_hdf5, translate_hdf5_error
 
 if TYPE_CHECKING:
-    from rolloutcli.hdf5.reader import RolloutReader
+    from rolloutcli.hdf5.reader import Listed, RolloutReader
 
 SHARD_FORMAT = "shard"
 MANIFEST_FORMAT = "rolloutcli.shards"
@@ -54,7 +54,7 @@ Layout = tuple[bytes | str, ...]
 # ---------------------------------------------------- reading the source (the export never holds an h5py object)
 
 
-def chunk_extents(reader: RolloutReader, name: str) -> tuple[int, int, int] | None:
+def chunk_extents(reader: RolloutReader | Listed, name: str) -> tuple[int, int, int] | None:
     """``(steps, envs, bytes)`` of one chunk of a chunked per-step field (None when contiguous)."""
     spec = reader.schema.fields[name]
     if spec.chunks is None or spec.env_axis is None:

@@ -28,7 +28,7 @@ from rolloutcli.dataset import Paths, file_hash
 from rolloutcli.errors import EXIT_USAGE, RolloutError
 from rolloutcli.hdf5.atomic import atomic_folder
 from rolloutcli.hdf5.probe import probing_ahead
-from rolloutcli.hdf5.reader import RolloutReader
+from rolloutcli.hdf5.reader import Listed, RolloutReader, listed
 from rolloutcli.hdf5.shards import (
     FORMAT_VERSION,
     MANIFEST_FORMAT,
@@ -166,7 +166,7 @@ def _size(nbytes: int) -> str:
     return f"{-(-nbytes >> 10)}K"
 
 
-def plan_blocks(reader: RolloutReader, job: ExportJob, budget: int) -> list[Block]:
+def plan_blocks(reader: RolloutReader | Listed, job: ExportJob, budget: int) -> list[Block]:
     """The blocks to read: one when the source fits in half of ``budget``, else blocks of an eighth of it.
 
     Step blocks over every env when no field is chunked by env (one contiguous region); else env blocks,
@@ -278,13 +278,15 @@ def _check_shards_fit(job: ExportJob, budget: int) -> None:
         )
 
 
-def _sources(srcs: Paths, job: ExportJob, run: RunOptions, opened: Opener) -> Sources:
-    """Each file's blocks and offsets, the files opened one at a time (the next one probed meanwhile); then the
-    shards' check (no block read yet)."""
+def _sources(srcs: Paths, job: ExportJob, run: RunOptions, opened: Opener, checked: bool) -> Sources:
+    """Each file's blocks and offsets, the files opened one at a time (the next one probed meanwhile), or, when
+    their values were ``checked`` already, planned from their probes' listings where these stand for them
+    (``listed``); then the shards' check (no block read yet)."""
     out, rows, envs = Sources(srcs), 0, 0
     budget = run.max_memory
     for path in probing_ahead(srcs, run.safety):
-        with opened(path) as reader:
+        found = listed(path, run.safety) if checked else None
+        with nullcontext(found) if found is not None else opened(path) as reader:
             out.append(reader.T, reader.N, plan_blocks(reader, job, budget), rows, envs)
             rows, envs = rows + reader.T * reader.N, envs + reader.N
     _check_shards_fit(job, budget)
@@ -335,7 +337,7 @@ def run_export(
             return RolloutReader(path, run.safety, check=check, budget=run.max_memory)
 
         job = prepare(first)
-        sources = _sources(srcs, job, run, partial(opened, check=not checked))
+        sources = _sources(srcs, job, run, partial(opened, check=not checked), checked)
         blocks = sum(len(s.blocks) for s in sources)
         streamed = sum(s.T * s.N for s in sources) * job.read_bytes > run.max_memory // 2
         passes = job.plan.passes
