@@ -10,6 +10,7 @@ test the readers' and writers' low-level whole-dataset paths share (``selects_al
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import h5py
@@ -50,11 +51,16 @@ def dataset_info(obj: h5py.h5d.DatasetID, plist: h5py.h5p.PropDCID | None = None
     ``Dataset`` gives (shape, dtype, chunks, and its compression, shuffle and fletcher32 filters, as one text)
     without making one (~0.1 ms each)."""
     plist = plist or obj.get_create_plist()
-    named = get_filters(plist)  # what Dataset.compression, .shuffle and .fletcher32 read
-    compression = next((x for x in ("gzip", "lzf", "szip") if x in named), None)
-    packing = [p for p in (compression, "shuffle", "fletcher32") if p is not None and p in named]
     chunks = plist.get_chunk() if plist.get_layout() == h5py.h5d.CHUNKED else None
-    return DatasetInfo(tuple(int(s) for s in obj.shape or ()), obj.dtype, chunks, "+".join(packing) or None)
+    shape = tuple(int(s) for s in obj.shape or ())
+    return DatasetInfo(shape, obj.dtype, chunks, packing(get_filters(plist)))  # what Dataset.compression etc. read
+
+
+def packing(named: Iterable[str]) -> str | None:
+    """A dataset's compression, shuffle and fletcher32 filters as one text, from its filters' names (h5py's)."""
+    named = set(named)
+    compression = next((x for x in ("gzip", "lzf", "szip") if x in named), None)
+    return "+".join(p for p in (compression, "shuffle", "fletcher32") if p is not None and p in named) or None
 
 
 def selects_all(index: tuple[Any, ...], shape: tuple[int, ...]) -> bool:
