@@ -75,7 +75,8 @@ class Spill:
         self.folder, self.fields, self.budget, self.offsets = folder, list(fields), budget, offsets
         self.groups: list[list[Any]] = []  # [positions, rows, shards waiting] each
         self.chunks: dict[int, list[int]] = {}
-        self.done: set[int] = set()  # shards assembled: rows of theirs left in a group are not spilled
+        # shards assembled (1 byte a shard): rows of theirs left in a group are not spilled
+        self.done = bytearray(len(offsets) - 1)
         self.pending_bytes = 0
         self.row_bytes = 8 + sum(f.row_bytes for f in self.fields)
         self.group_bytes = TENSOR_BYTES * (1 + len(self.fields))
@@ -121,7 +122,7 @@ class Spill:
         ]
         for shard in range(len(offsets) - 1):
             runs = [(p, data, b[shard], b[shard + 1]) for p, data, b in groups if b[shard] < b[shard + 1]]
-            if not runs or shard in self.done:
+            if not runs or self.done[shard]:
                 continue
             try:
                 with open(self.path(shard), "ab") as handle:
@@ -161,7 +162,7 @@ class Spill:
         for slots, rows in itertools.chain(self._read_chunks(shard, chunks) if chunks else (), self._runs(shard)):
             for f in self.fields:
                 scatter_rows(out[f.name], slots, rows[f.name])
-        self.done.add(shard)
+        self.done[shard] = 1
         return out
 
 
