@@ -11,8 +11,9 @@ import contextlib
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import h5py
 import numpy as np
@@ -207,11 +208,9 @@ class H5Input:
         self.guard(lambda: self.dataset(name).read_direct(out, np.s_[rows]), name)
 
 
-class Listed(NamedTuple):
-    """A rollout file's ``path`` and ``schema`` (``T``, ``N``), as a ``RolloutReader`` of it has them, from the
-    listing its metadata probe sent (``listed``): no open, no read."""
+class RolloutShape:
+    """``T`` and ``N`` of a rollout file, from its ``schema`` (a reader of it, or its probe's listing)."""
 
-    path: Path
     schema: RolloutSchema
 
     @property
@@ -221,6 +220,15 @@ class Listed(NamedTuple):
     @property
     def N(self) -> int:
         return self.schema.N
+
+
+@dataclass(frozen=True)
+class Listed(RolloutShape):
+    """A rollout file's ``path`` and ``schema`` (``T``, ``N``), as a ``RolloutReader`` of it has them, from the
+    listing its metadata probe sent (``listed``): no open, no read."""
+
+    path: Path
+    schema: RolloutSchema
 
 
 def listed(path: Path | str, options: SafetyOptions | None = None) -> Listed | None:
@@ -238,7 +246,7 @@ def listed(path: Path | str, options: SafetyOptions | None = None) -> Listed | N
     return Listed(Path(path), schema) if schema is not None and not problems else None
 
 
-class RolloutReader(H5Input):
+class RolloutReader(H5Input, RolloutShape):
     """An open, audited, validated rollout file.
 
     ``read`` returns a field's env slice as stored (native byte order); ``array`` / ``tensor`` return it
@@ -266,14 +274,6 @@ class RolloutReader(H5Input):
         except BaseException:
             self.close()
             raise
-
-    @property
-    def T(self) -> int:
-        return self.schema.T
-
-    @property
-    def N(self) -> int:
-        return self.schema.N
 
     def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Env slice ``[start:stop]`` of field ``name`` as stored (native byte order)."""
