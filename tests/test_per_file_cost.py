@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import h5py
 import pytest
 from rollout_factory import make_rollout
 from test_dataset_journal import NAMES, gae, runs  # noqa: F401 - the fixture
 
 from rolloutcli.errors import RolloutError
+from rolloutcli.hdf5 import access, safety
 from rolloutcli.hdf5 import reader as reader_module
-from rolloutcli.hdf5 import safety
+from rolloutcli.hdf5.access import open_read
 from rolloutcli.hdf5.identity import path_identity
 from rolloutcli.hdf5.limits import SafetyOptions
 from rolloutcli.hdf5.probe import Probed
@@ -316,3 +318,32 @@ def test_probes_ahead_keep_their_answers_in_order_on_one_thread(tmp_path: Path, 
         assert probe.probe_metadata(path).clean == path_identity(path)
     assert sorted(kind for _, kind in asked) == ["ahead"] * 5 + ["now"] * 3
     assert threading.active_count() == threads and not probe._SENT
+
+
+def test_open_read_is_h5pys_read_only_open(tmp_path: Path) -> None:
+    """One access list per process (``access.open_read``), and the file object and errors of
+    ``h5py.File(path, "r")``, in this process and in a forked child."""
+    path = make_rollout(tmp_path / "r.h5")
+    (tmp_path / "not.h5").write_bytes(b"not hdf5")
+
+    def check() -> None:
+        with open_read(path) as ours, h5py.File(path, "r") as theirs:
+            assert (ours.mode, ours.driver, ours.libver, ours.filename) == (
+                theirs.mode, theirs.driver, theirs.libver, theirs.filename)  # fmt: skip
+            assert ours.id.get_access_plist() == theirs.id.get_access_plist()
+            assert dict(ours.attrs) == dict(theirs.attrs) and list(ours) == list(theirs)
+        for name, error in (("missing.h5", FileNotFoundError), ("not.h5", OSError)):
+            with pytest.raises(error) as ours_raised:
+                open_read(tmp_path / name)
+            with pytest.raises(error) as theirs_raised:
+                h5py.File(tmp_path / name, "r")
+            assert type(ours_raised.value) is type(theirs_raised.value)
+
+    check()
+    child = os.fork()
+    if child == 0:  # the access list made here, not the parent's
+        try:
+            check()
+        finally:
+            os._exit(0 if access._ACCESS.keys() == {os.getpid()} else 1)
+    assert os.waitpid(child, 0)[1] == 0

@@ -121,6 +121,7 @@ def test_what_the_quick_walk_leaves_to_the_audit(tmp_path: Path) -> None:
         "type": lambda h: h.__setitem__("named", np.dtype("f4")),
         "strings": lambda h: h.create_dataset("names", data=["a", "bc"], dtype=h5py.string_dtype()),
         "twice": lambda h: h.__setitem__("again", h["observations"]),
+        "a dataset twice": lambda h: h.__setitem__("again", h["rewards"]),
     }.items():
         path = make_rollout(tmp_path / f"{name}.h5")
         with h5py.File(path, "a") as handle:

@@ -43,7 +43,20 @@ def attr_value(value: Any) -> Any:
 
 def read_attrs(obj: h5py.HLObject) -> dict[str, Any]:
     """The attributes of ``obj`` as plain data."""
-    return {key: attr_value(read_attr(obj, key)) for key in obj.attrs}
+    return {key: attr_value(read_attr(obj, key)) for key in attr_names(obj)}
+
+
+def attr_names(obj: h5py.HLObject) -> list[str | bytes]:
+    """``list(obj.attrs)``: the names in h5py's order (creation order where the object tracks it, else by name),
+    without its objects (~0.05 ms an object of a small file's few)."""
+    oid = h5py.h5g.open(obj.id, b"/") if isinstance(obj, h5py.File) else obj.id  # the root group's, as h5py
+    if not isinstance(oid, (h5py.h5g.GroupID, h5py.h5d.DatasetID)):  # a committed datatype: h5py's own way
+        return list(obj.attrs)
+    tracked = oid.get_create_plist().get_attr_creation_order() & h5py.h5p.CRT_ORDER_TRACKED
+    names: list[str | bytes] = []
+    index = h5py.h5.INDEX_CRT_ORDER if tracked else h5py.h5.INDEX_NAME
+    h5py.h5a.iterate(oid, lambda name, *_: names.append(text(name)), index_type=index)
+    return names
 
 
 def dataset_info(obj: h5py.h5d.DatasetID, plist: h5py.h5p.PropDCID | None = None) -> DatasetInfo:

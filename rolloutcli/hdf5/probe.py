@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -100,7 +99,8 @@ def _request(
         return None, ()
     options = options or SafetyOptions()
     timeout = DEFAULT_PROBE_TIMEOUT if timeout is None else timeout
-    request = {"path": os.path.abspath(os.fsdecode(path)), "options": asdict(options), "timeout": timeout}
+    # ``vars``: the flat fields ``asdict`` gives, without its deep copy (~15 us, paid twice a file by ``batch``)
+    request = {"path": os.path.abspath(os.fsdecode(path)), "options": dict(vars(options)), "timeout": timeout}
     return request, (request["path"], options, *(path_identity(request["path"]) or ()))
 
 

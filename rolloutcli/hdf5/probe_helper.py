@@ -178,14 +178,13 @@ def _read_metadata(path: Path, request: dict[str, Any]) -> bytes:
     (``_Prober.ask``'s), with, when the audit under the request's options found the file clean, the identity of
     the file it read (``probe.identity``) and its listing (``listing.to_json``; None when JSON cannot hold it or
     it is longer than ``LISTING_BYTES``)."""
-    import h5py
-
+    from rolloutcli.hdf5.access import open_read
     from rolloutcli.hdf5.limits import SafetyOptions
     from rolloutcli.hdf5.listing import to_json
     from rolloutcli.hdf5.probe_walk import quick_walk
 
     options = SafetyOptions(**request["options"])
-    with h5py.File(path, "r") as handle:
+    with open_read(path) as handle:
         found = quick_walk(handle, options) or _full_walk(path, handle, options)
         if found is None:
             return b'{"status": "ok"}'  # refused: the caller refuses it too, without reading more

@@ -109,6 +109,7 @@ class H5Input:
         self.path = Path(path)
         self._key, self._closed = (os.path.abspath(self.path), options), False
         self._objects: dict[str, h5py.Dataset] = {}
+        self._ids: dict[str, Any] = {}  # low-level objects, by name (see ``_opened``)
         self._small: dict[str, np.ndarray] = {}  # small datasets read whole (see ``slice``)
         self._small_bytes = 0
         kept = _take_kept(self._key)
@@ -166,9 +167,16 @@ class H5Input:
         read)."""
         found = self._objects.get(name)
         if found is None:
-            obj = h5py.h5o.open(self.handle.id, name.encode() if isinstance(name, str) else name)
+            obj = self._opened(name)
             found = h5py.Dataset(obj) if isinstance(obj, h5py.h5d.DatasetID) else self.handle[name]
             self._objects[name] = found
+        return found
+
+    def _opened(self, name: str) -> Any:
+        """The low-level object at ``name``, opened once (a whole read needs no ``h5py.Dataset``: ~40 us)."""
+        found = self._ids.get(name)
+        if found is None:
+            found = self._ids[name] = h5py.h5o.open(self.handle.id, name.encode() if isinstance(name, str) else name)
         return found
 
     def slice(self, name: str, index: tuple[Any, ...] = ()) -> np.ndarray:
@@ -199,7 +207,7 @@ class H5Input:
         h5py's ``Dataset[()]`` costs ~0.15 ms of a small field's ~0.05 (issue 39)."""
         info = self.datasets[name]
         out = np.empty(info.shape, info.dtype.newbyteorder("="))
-        self.guard(lambda: self.dataset(name).id.read(h5py.h5s.ALL, h5py.h5s.ALL, out, memory_type(out.dtype)), name)
+        self.guard(lambda: self._opened(name).read(h5py.h5s.ALL, h5py.h5s.ALL, out, memory_type(out.dtype)), name)
         return out
 
     def read_into(self, name: str, rows: slice, out: np.ndarray) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import h5py
 
 from rolloutcli.errors import EXIT_BAD_DATA, EXIT_IO, RolloutError
+from rolloutcli.hdf5.access import open_read
 from rolloutcli.hdf5.audit import audit_file
 from rolloutcli.hdf5.identity import identity
 from rolloutcli.hdf5.limits import SafetyOptions, check_regular_file
@@ -146,7 +147,7 @@ def open_listed(path: Path | str, options: SafetyOptions | None = None) -> Itera
     check_regular_file(path)
     probed = probe_metadata(path, options)
     try:
-        handle = h5py.File(path, "r")
+        handle = open_read(path)
     except HDF5_ERRORS as exc:
         raise translate_hdf5_error(path, exc) from exc
     try:
