@@ -106,6 +106,25 @@ def test_one_prober_reads_file_after_file_and_only_the_bad_ones_are_refused(tmp_
     assert len({pids[0], pids[3], pids[4], pids[6], pids[7]}) == 5
 
 
+def test_files_probed_ahead_queue_at_the_prober_and_a_crash_sends_them_to_a_fresh_one(
+    tmp_path: Path, recording
+) -> None:
+    """Probes sent ahead go to the prober as they come (it starts on the next file at once); when it dies, the
+    file it died on and those queued behind it go to a fresh prober, in order, and each answer is its file's."""
+    from rolloutcli.hdf5 import probe
+    from rolloutcli.hdf5.identity import path_identity
+
+    lines = recording(die_at=2)
+    files = [make_rollout(tmp_path / f"g{i}.h5") for i in range(5)]
+    for path in files[: probe.AHEAD_KEPT]:
+        probe.probe_ahead(path)
+    assert [probe.probe_metadata(path).clean for path in files] == [path_identity(path) for path in files]
+    probed = lines()
+    assert [name for _, name in probed] == ["g0.h5", *[f"g{i}.h5" for i in (1, 2, 3, 4) for _ in "ab"]]
+    pids = [pid for pid, _ in probed]  # each prober dies on its second file, which a fresh one reads again
+    assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4] == pids[5] != pids[6] == pids[7] != pids[8]
+
+
 def test_a_prober_damaged_by_an_earlier_file_does_not_get_an_innocent_file_refused(tmp_path: Path, recording) -> None:
     """Every prober dies on its second file whatever the file (as one an earlier file damaged would): each such
     file is read again by a fresh prober, found sound, and no file is refused."""

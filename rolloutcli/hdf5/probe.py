@@ -153,13 +153,14 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork (nothin
 
 
 _AHEAD: dict[tuple[Any, ...], _Ahead] = {}  # files probed ahead -> their probes (the next, and the one before)
-AHEAD_KEPT = 2
+AHEAD_KEPT = 3
+AHEAD_FILES = 2  # ``probing_ahead``'s reach: the prober starts on the second while the first's answer comes back
 
 
 def probe_ahead(path: Path | str, options: SafetyOptions | None = None) -> None:
     """Send the probe of ``path`` now, for the ``probe_metadata`` that comes next: the prober reads it while this
     process works on the file before. The answer counts while the file is the same one (its identity); at most
-    two are kept (the oldest dropped) or unread on the connection (the oldest read first: none piles up)."""
+    three are kept (the oldest dropped) or unread on the connection (the oldest read first: none piles up)."""
     request, key = _request(path, options, None)
     if request is None or len(key) <= 2 or key in _AHEAD or (_PROBED is not None and key in _PROBED):
         return  # nothing to probe, or probed already
@@ -177,11 +178,11 @@ def probe_ahead(path: Path | str, options: SafetyOptions | None = None) -> None:
 
 
 def probing_ahead(files: Sequence[P], options: SafetyOptions | None = None) -> Iterator[P]:
-    """Each of ``files`` in turn, the next one probed meanwhile (``probe_ahead``): for a loop that opens them one
+    """Each of ``files`` in turn, the next two probed meanwhile (``probe_ahead``): for a loop that opens them one
     after the other."""
     for i, path in enumerate(files):
-        if i + 1 < len(files):
-            probe_ahead(files[i + 1], options)
+        for k in range(i + 1 if i == 0 else i + AHEAD_FILES, min(i + 1 + AHEAD_FILES, len(files))):  # each once
+            probe_ahead(files[k], options)
         yield path
 
 

@@ -26,7 +26,7 @@ from rolloutcli.errors import EXIT_IO, RolloutError
 from rolloutcli.hdf5.listing import selects_all
 from rolloutcli.hdf5.listing import text as listing_text
 from rolloutcli.hdf5.safety import HDF5_ERRORS, system_errno, translate_write_error
-from rolloutcli.hdf5.typecache import create_attr, memory_type, read_attr_typed
+from rolloutcli.hdf5.typecache import create_attr, memory_type, read_attr_typed, stored_dtype
 
 if TYPE_CHECKING:  # tensors are recognised by duck typing: `gae` on the CPU never imports torch
     import torch
@@ -74,7 +74,7 @@ def write_array(target: Target, index: tuple[Any, ...], array: np.ndarray) -> No
     """``dataset[index] = array``; all of it, from an array of its shape and dtype, through the low-level write
     (no selection: h5py's costs ~0.2 ms)."""
     dataset, shape = target
-    if _fills(shape, dataset.dtype, index, array):
+    if _fills(shape, stored_dtype(dataset.id.get_type()), index, array):  # ``dataset.dtype`` (~35 us), cached
         dataset.id.write(h5py.h5s.ALL, h5py.h5s.ALL, array, memory_type(array.dtype))
     else:
         dataset[index] = array
