@@ -19,11 +19,12 @@ from rolloutcli.errors import RolloutError
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the probe needs fork")
 
 # The helper interpreter, its probers' metadata read wrapped: each prober logs "pid name" before reading a file,
-# and dies by SIGSEGV on its DIE_AT-th file whatever the file (a prober damaged by an earlier file; 0: never).
+# and dies by SIGSEGV (or stops: HOW) on its DIE_AT-th file whatever the file (a prober damaged by an earlier file;
+# 0: never).
 RECORDING_HELPER = """
 import os, signal
 from rolloutcli.hdf5 import probe_helper
-real, log, die_at, count = probe_helper._read_metadata, {log!r}, {die_at}, 0
+real, log, die_at, how, count = probe_helper._read_metadata, {log!r}, {die_at}, signal.{how}, 0
 
 def recording(path, request):
     global count
@@ -31,10 +32,11 @@ def recording(path, request):
     with open(log, "a") as out:
         out.write(f"{{os.getpid()}} {{path.name}}\\n")
     if count == die_at:
-        os.kill(os.getpid(), signal.SIGSEGV)
+        os.kill(os.getpid(), how)
     return real(path, request)
 
 probe_helper._read_metadata = recording
+probe_helper.PROBER_SLACK = {slack}
 probe_helper.serve()
 """
 
@@ -49,8 +51,9 @@ def recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(probe.SHARED_ENV, raising=False)
     monkeypatch.setattr(probe, "_HELPER", None)
 
-    def start(die_at: int = 0):
-        monkeypatch.setattr(probe, "HELPER_CODE", RECORDING_HELPER.format(log=str(log), die_at=die_at))
+    def start(die_at: int = 0, how: str = "SIGSEGV", slack: float = 5.0):
+        code = RECORDING_HELPER.format(log=str(log), die_at=die_at, how=how, slack=slack)
+        monkeypatch.setattr(probe, "HELPER_CODE", code)
         return lambda: [tuple(line.split()) for line in log.read_text().splitlines()]
 
     yield start
@@ -125,6 +128,27 @@ def test_files_probed_ahead_queue_at_the_prober_and_a_crash_sends_them_to_a_fres
     assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4] == pids[5] != pids[6] == pids[7] != pids[8]
 
 
+def test_a_stopped_prober_is_killed_past_its_deadline_and_the_files_queued_behind_go_on(
+    tmp_path: Path, recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prober stopped on its first file (its alarm cannot end it) is killed by the helper past the file's
+    deadline and slack: that file is refused as hanging; the file queued behind it goes to a fresh prober."""
+    from rolloutcli.hdf5 import probe
+
+    lines = recording(die_at=1, how="SIGSTOP", slack=0.5)
+    monkeypatch.setattr(probe, "DEFAULT_PROBE_TIMEOUT", 1.0)
+    stopped, good = make_rollout(tmp_path / "stopped.h5"), make_rollout(tmp_path / "good.h5")
+    probe.probe_ahead(stopped)
+    probe.probe_ahead(good)  # queued behind it at the prober
+    started = time.monotonic()
+    hanging = "reading the file's metadata did not finish in 1 s (libhdf5 loops forever on some corrupt files)"
+    assert _outcome(stopped) == f"{stopped}: {hanging}; the file is corrupt. Re-export it from its source."
+    assert 1.0 + 0.5 - 0.2 < time.monotonic() - started < 10
+    with pytest.raises(RolloutError, match="did not finish"):  # the fresh prober stops on its first file too
+        probe.probe_metadata(good)
+    assert [name for _, name in lines()] == ["stopped.h5", "good.h5"]
+
+
 def test_a_prober_damaged_by_an_earlier_file_does_not_get_an_innocent_file_refused(tmp_path: Path, recording) -> None:
     """Every prober dies on its second file whatever the file (as one an earlier file damaged would): each such
     file is read again by a fresh prober, found sound, and no file is refused."""
@@ -171,7 +195,7 @@ def test_nothing_is_left_behind_when_the_owner_is_killed(tmp_path: Path) -> None
     stuck in libhdf5's loop on a file whose deadline is 10 minutes away."""
     log = tmp_path / "probed.log"
     good, hang = make_rollout(tmp_path / "g.h5"), _hanging(tmp_path / "hang.h5")
-    code = RECORDING_HELPER.format(log=str(log), die_at=0)
+    code = RECORDING_HELPER.format(log=str(log), die_at=0, how="SIGSEGV", slack=5.0)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
