@@ -136,6 +136,22 @@ def test_dataset_refusals(cli, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gae", "raw"]  # nothing published, no temporaries
 
 
+def test_an_existing_output_is_refused_before_the_files_are_checked(cli, tmp_path: Path, monkeypatch) -> None:
+    from rolloutcli.pipeline import batch
+
+    gae = gae_dataset(cli, tmp_path, SIZES)
+    assert cli("batch", gae, "-o", tmp_path / "shards", "-m", 2)[0] == 0
+    before = tree(tmp_path / "shards")
+    monkeypatch.setattr(batch, "_check_dataset", lambda *args: pytest.fail("the files were checked"))
+    code, _, err = cli("batch", gae, "-o", tmp_path / "shards", "-m", 2)
+    assert (code, err) == (
+        2,
+        f"error: {tmp_path / 'shards'}: output already exists; refusing to overwrite it. Pass --overwrite to "
+        "replace it.\n",
+    )
+    assert tree(tmp_path / "shards") == before
+
+
 def test_the_summary_of_a_dataset_names_its_files_in_words(cli, tmp_path: Path) -> None:
     """The first summary line of a dataset's batch: the file count and the first file, and "T differs" for files
     of several lengths (it printed the Python list of paths and T=None)."""

@@ -21,9 +21,10 @@ from rolloutcli.core.order import ALGORITHM, ORDER_VERSION, ROUNDS
 from rolloutcli.core.trajectories import hidden_states_at_starts, plan_trajectories, scatter_into_trajectories
 from rolloutcli.dataset import Paths, check_agreement
 from rolloutcli.errors import RolloutError, problem_line
+from rolloutcli.hdf5.atomic import check_output_path
 from rolloutcli.hdf5.probe import probed_once
 from rolloutcli.hdf5.reader import RolloutReader
-from rolloutcli.hdf5.shards import read_region
+from rolloutcli.hdf5.shards import is_shard_folder, read_region
 from rolloutcli.pipeline.batch_dataset import DatasetFiles, check_files, dataset_gae, gae_record, gae_values
 from rolloutcli.pipeline.batch_split import HoldOut, Side, plan_sides, run_split_batch
 from rolloutcli.pipeline.history import HistoryOptions, history_job
@@ -334,6 +335,9 @@ def run_batch(
     with probed_once():  # a dataset's files are opened several times here: to check them, then to export them
         if hold_out is not None:
             return _run_split(src, dst, options, run, hold_out, overwrite=overwrite, progress=progress, engine=engine)
+        # an output in the way is refused before a dataset's files are checked (and again when it is published)
+        check_output_path(dst, src if isinstance(src, Paths) else [src], overwrite=overwrite, kind="folder",
+                          owned=is_shard_folder)  # fmt: skip
         dataset = _check_dataset(src, options, run) if isinstance(src, Paths) else None
         if isinstance(options, HistoryOptions):
             prepare = partial(history_job, options=options, budget=run.max_memory)
