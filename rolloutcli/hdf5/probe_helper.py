@@ -198,7 +198,7 @@ def _read_requests(connection: Connection) -> None:
 
 def _read_metadata(path: Path, request: dict[str, Any]) -> bytes:
     """In the prober: open, audit, then touch what commands read from the metadata (hard links). The answer
-    (``_Prober.ask``'s), with, when the audit under the request's options found the file clean, the identity of
+    (``_Prober.receive``'s), with, when the audit under the request's options found the file clean, the identity of
     the file it read (``probe.identity``) and its listing (``listing.to_json``; None when JSON cannot hold it or
     it is longer than ``LISTING_BYTES``)."""
     from rolloutcli.hdf5.access import open_read

@@ -85,6 +85,7 @@ def run_inspect_dataset(
     scanned = None
     numbers, warnings = array("q"), []
     episodes: EpisodeStats | None = None
+    per_env: list[int] = []  # completed episodes of each env of each file, in order
     moments: dict[str, Moments] = {}
     fields: list[dict[str, Any]] = []
     agreement = _Agreement()
@@ -105,11 +106,14 @@ def run_inspect_dataset(
             if per_dim:
                 scanned = merge_scans(scanned, scan_per_dim(reader, progress))
         warnings.extend(found)
+        per_env.extend(stats.per_env)  # apart: a merge copies the lists (0.1 ms a file at 5,000 files, and growing)
+        stats.per_env = []
         episodes = stats if episodes is None else _merge(episodes, stats)
         for key, value in values.items():
             moments[key] = moments[key].merge(value) if key in moments else value
     warnings.extend(agreement.problems)
     assert episodes is not None
+    episodes.per_env = per_env
     rows = _file_rows(dataset, numbers)
     sizes, lengths, envs = (numbers[k::ROW_NUMBERS] for k in range(3))
     totals = {
