@@ -152,7 +152,7 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork (nothin
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-_AHEAD: dict[tuple[Any, ...], _Ahead] = {}  # files probed ahead -> their probes (the next, and the one before)
+_AHEAD: dict[tuple[Any, ...], _Ahead] = {}  # files probed ahead -> their probes (the next ones, the one before)
 AHEAD_KEPT = 3
 AHEAD_FILES = 2  # ``probing_ahead``'s reach: the prober starts on the second while the first's answer comes back
 
@@ -178,8 +178,7 @@ def probe_ahead(path: Path | str, options: SafetyOptions | None = None) -> None:
 
 
 def probing_ahead(files: Sequence[P], options: SafetyOptions | None = None) -> Iterator[P]:
-    """Each of ``files`` in turn, the next two probed meanwhile (``probe_ahead``): for a loop that opens them one
-    after the other."""
+    """Each of ``files`` in turn, the next two probed meanwhile (``probe_ahead``), for a loop opening them in turn."""
     for i, path in enumerate(files):
         for k in range(i + 1 if i == 0 else i + AHEAD_FILES, min(i + 1 + AHEAD_FILES, len(files))):  # each once
             probe_ahead(files[k], options)
