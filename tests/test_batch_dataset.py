@@ -137,7 +137,9 @@ def test_dataset_refusals(cli, tmp_path: Path) -> None:
 
 
 def test_an_existing_output_is_refused_before_the_files_are_checked(cli, tmp_path: Path, monkeypatch) -> None:
+    from rolloutcli.errors import RolloutError
     from rolloutcli.pipeline import batch
+    from rolloutcli.pipeline.options import RunOptions
 
     gae = gae_dataset(cli, tmp_path, SIZES)
     assert cli("batch", gae, "-o", tmp_path / "shards", "-m", 2)[0] == 0
@@ -149,6 +151,9 @@ def test_an_existing_output_is_refused_before_the_files_are_checked(cli, tmp_pat
         f"error: {tmp_path / 'shards'}: output already exists; refusing to overwrite it. Pass --overwrite to "
         "replace it.\n",
     )
+    assert tree(tmp_path / "shards") == before
+    with pytest.raises(RolloutError, match="output already exists"):  # the library refuses it first too
+        batch.run_batch(sorted(gae.glob("*.h5")), tmp_path / "shards", batch.BatchOptions(2), RunOptions())
     assert tree(tmp_path / "shards") == before
 
 

@@ -31,6 +31,7 @@ from rolloutcli.cli.dataset import (
 from rolloutcli.cli.derive import NStepTimeouts
 from rolloutcli.cli.render import _size
 from rolloutcli.errors import EXIT_USAGE, RolloutError
+from rolloutcli.hdf5.atomic import check_output_path
 
 EXAMPLE = "rolloutcli batch run_gae.h5 -o shards --num-mini-batches 4 --recurrent --epochs 2"
 
@@ -132,6 +133,8 @@ def batch(
     # The export is file I/O and row copies on the CPU (orders are drawn on the CPU so shards are the same
     # on every machine): no --device; ShardDataset picks where batches go.
     compression = compression and compression.value
+    if not common.overwrite:  # refused before torch is imported (seconds) and the files are read
+        check_output_path(output, [], overwrite=False, kind="folder")
     from rolloutcli.pipeline.engine import prestart
 
     prestart(common.engine, ["rolloutcli.pipeline.parallel_export"])  # its imports overlap this process's
