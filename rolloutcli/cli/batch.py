@@ -6,6 +6,7 @@ command so ``rolloutcli --help`` stays fast.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -133,8 +134,8 @@ def batch(
     # The export is file I/O and row copies on the CPU (orders are drawn on the CPU so shards are the same
     # on every machine): no --device; ShardDataset picks where batches go.
     compression = compression and compression.value
-    if not common.overwrite:  # refused before torch is imported (seconds) and the files are read
-        check_output_path(output, [], overwrite=False, kind="folder")
+    if not common.overwrite and os.path.isdir(output):  # a rerun: refused before torch is imported (seconds)
+        check_output_path(output, [], overwrite=False, kind="folder")  # (an input as output: refused later)
     from rolloutcli.pipeline.engine import prestart
 
     prestart(common.engine, ["rolloutcli.pipeline.parallel_export"])  # its imports overlap this process's
