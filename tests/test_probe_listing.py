@@ -22,7 +22,7 @@ from rolloutcli.errors import RolloutError
 from rolloutcli.hdf5 import reader as reader_module
 from rolloutcli.hdf5.audit import audit_file
 from rolloutcli.hdf5.limits import SafetyOptions
-from rolloutcli.hdf5.listing import Listing, from_json, list_datasets, read_attrs, to_json
+from rolloutcli.hdf5.listing import Listing, attr_names, from_json, list_datasets, read_attrs, to_json
 from rolloutcli.hdf5.probe_helper import _read_metadata
 from rolloutcli.hdf5.probe_walk import quick_walk
 from rolloutcli.hdf5.reader import RolloutReader
@@ -160,3 +160,21 @@ def test_a_listing_past_its_size_is_not_sent(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(probe_helper, "LISTING_BYTES", len(json.dumps(found)) - 1)
     smaller = json.loads(_read_metadata(path, {"options": {}, "timeout": 5}))
     assert smaller == {**found, "listing": None}
+
+
+def test_attribute_names_come_in_h5pys_order(tmp_path: Path) -> None:
+    """``attr_names`` lists what ``list(obj.attrs)`` lists, in its order: creation order where the object tracks
+    it (the root group's own flag for a file), else by name; a committed type's through h5py."""
+    for tracked in (False, True):
+        path = tmp_path / f"{tracked}.h5"
+        with h5py.File(path, "w", track_order=tracked) as handle:
+            group = handle.create_group("g", track_order=tracked)
+            dataset = handle.create_dataset("d", data=[1.0], track_order=tracked)
+            handle["t"] = np.dtype("<f4")
+            for obj in (handle, group, dataset, handle["t"]):
+                for name in ("b", "a", "c\u00e9"):
+                    obj.attrs[name] = 1
+        with h5py.File(path, "r") as handle:
+            for obj in (handle, handle["g"], handle["d"], handle["t"]):
+                assert attr_names(obj) == list(obj.attrs), (tracked, obj)
+            assert attr_names(handle) == (["b", "a", "c\u00e9"] if tracked else ["a", "b", "c\u00e9"])
