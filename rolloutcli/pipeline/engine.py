@@ -290,6 +290,7 @@ def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[
     except BrokenProcessPool as exc:
         _POOLS.pop(workers, None)
         stop_if_signalled()  # a signal to the whole job: its workers died of it, maybe before this process saw it
+        _keep_finished(futures, finished)
         raise RolloutError(
             "--engine local: a worker process died (out of memory or killed); nothing was published. "
             "Rerun with --resume to continue.",
@@ -301,6 +302,17 @@ def _run_pool(units: Sequence[Unit], options: EngineOptions, finished: Callable[
         wait(list(futures))
         with contextlib.suppress(OSError):
             os.unlink(stop)
+
+
+def _keep_finished(futures: dict[Future[Any], int], finished: Callable[[int, Any], None]) -> None:
+    """Pass on the units that finished before the pool broke, whatever their order: an earlier unit, killed with
+    its worker, fails first, and their outputs were dropped (``--resume`` then redid them)."""
+    wait(list(futures))  # a broken pool's workers are ended: every future is done
+    for future, index in list(futures.items()):
+        if not future.cancelled() and future.exception() is None:
+            with contextlib.suppress(RolloutError):  # a unit's own failure: this error is the worker's death
+                finished(index, future.result())
+            del futures[future]
 
 
 def _finish_oldest(futures: dict[Future[Any], int], finished: Callable[[int, Any], None]) -> None:
