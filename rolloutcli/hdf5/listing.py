@@ -59,11 +59,10 @@ def attr_names(obj: h5py.HLObject) -> list[str | bytes]:
     return names
 
 
-def dataset_info(obj: h5py.h5d.DatasetID, plist: h5py.h5p.PropDCID | None = None) -> DatasetInfo:
-    """A dataset's entry, from its low-level id (and creation properties, when the caller has them): what h5py's
-    ``Dataset`` gives (shape, dtype, chunks, and its compression, shuffle and fletcher32 filters, as one text)
-    without making one (~0.1 ms each)."""
-    plist = plist or obj.get_create_plist()
+def dataset_info(obj: h5py.h5d.DatasetID) -> DatasetInfo:
+    """A dataset's entry, from its low-level id: what h5py's ``Dataset`` gives (shape, dtype, chunks, and its
+    compression, shuffle and fletcher32 filters, as one text) without making one (~0.1 ms each)."""
+    plist = obj.get_create_plist()
     chunks = plist.get_chunk() if plist.get_layout() == h5py.h5d.CHUNKED else None
     shape = tuple(int(s) for s in obj.shape or ())
     return DatasetInfo(shape, obj.dtype, chunks, packing(get_filters(plist)))  # what Dataset.compression etc. read
