@@ -221,14 +221,16 @@ def test_a_dataset_made_low_level_is_h5pys_bytes(tmp_path: Path, shape: tuple[in
         with h5py.File(path, "r+", libver=("v108", "latest")) as handle:
             for name, kind in (("observations/policy", dtype), ("typed", handle["named"])):
                 if low:
-                    made = new_dataset(handle, name, shape, kind)
+                    target = new_dataset(handle, name, shape, kind)
+                    assert target[1:] == (shape, handle[name].dtype)  # the shape and dtype it keeps
+                    value = data.astype(target[2])
                 else:
                     made = handle.create_dataset(name, shape=shape, dtype=kind, track_times=False)
-                value = data.astype(made.dtype)
+                    value = data.astype(made.dtype)
                 for index in ((), columns):
                     part = np.ascontiguousarray(value[index])
                     if low:
-                        write_array((made, shape), index, part)
+                        write_array(target, index, part)
                     else:
                         made[index] = part
         return path.read_bytes()

@@ -36,7 +36,7 @@ def test_every_shard_is_complete_and_exact(sizes: list[int], dropped: int, seed:
         assert shard not in done
         done[shard] = {name: value.clone() for name, value in rows.items()}
 
-    def buffers(size: int) -> dict[str, torch.Tensor]:
+    def buffers(size: int, spanned: bool = False) -> dict[str, torch.Tensor]:
         return {f.name: torch.full((largest, *f.row_shape), 7, dtype=f.dtype)[:size] for f in FIELDS}
 
     with tempfile.TemporaryDirectory() as tmp:

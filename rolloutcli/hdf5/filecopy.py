@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 
 from rolloutcli.hdf5.rename import libc_function
@@ -93,7 +94,7 @@ class OpenCopy:
     def create(self, name: str, steps: int, envs: int, dtype: Any = np.float32) -> None:
         """A new empty ``[T, N]`` dataset ``name`` (float32 unless told; replacing any), filled by :meth:`write`."""
         self.remove(name)
-        self._created[name] = new_dataset(self._handle, name, (steps, envs), dtype), (steps, envs)
+        self._created[name] = new_dataset(self._handle, name, (steps, envs), dtype)
 
     def write(self, name: str, start: int, stop: int, block: np.ndarray) -> None:
         """Env columns ``[start, stop)`` of a dataset made by :meth:`create`."""
@@ -101,7 +102,7 @@ class OpenCopy:
 
     def read_written(self, name: str, start: int, stop: int) -> np.ndarray:
         """Env columns ``[start, stop)`` of a dataset made by :meth:`create`, as written."""
-        return np.asarray(self._created[name][0][:, start:stop])
+        return np.asarray(h5py.Dataset(self._created[name][0])[:, start:stop])
 
     def set_attrs(self, attrs: Mapping[str, Any], name: str = "/") -> None:
         """Set attributes of the root (or of the object ``name``); None removes an attribute."""

@@ -109,7 +109,7 @@ class H5Input:
         self.path = Path(path)
         self._key, self._closed = (os.path.abspath(self.path), options), False
         self._objects: dict[str, h5py.Dataset] = {}
-        self._ids: dict[str, Any] = {}  # low-level objects, by name (see ``_opened``)
+        self._ids: dict[str, Any] = {}  # low-level objects, by name (see ``opened``)
         self._small: dict[str, np.ndarray] = {}  # small datasets read whole (see ``slice``)
         self._small_bytes = 0
         kept = _take_kept(self._key)
@@ -167,12 +167,12 @@ class H5Input:
         read)."""
         found = self._objects.get(name)
         if found is None:
-            obj = self._opened(name)
+            obj = self.opened(name)
             found = h5py.Dataset(obj) if isinstance(obj, h5py.h5d.DatasetID) else self.handle[name]
             self._objects[name] = found
         return found
 
-    def _opened(self, name: str) -> Any:
+    def opened(self, name: str) -> Any:
         """The low-level object at ``name``, opened once (a whole read needs no ``h5py.Dataset``: ~40 us)."""
         found = self._ids.get(name)
         if found is None:
@@ -207,7 +207,7 @@ class H5Input:
         h5py's ``Dataset[()]`` costs ~0.15 ms of a small field's ~0.05 (issue 39)."""
         info = self.datasets[name]
         out = np.empty(info.shape, info.dtype.newbyteorder("="))
-        self.guard(lambda: self._opened(name).read(h5py.h5s.ALL, h5py.h5s.ALL, out, memory_type(out.dtype)), name)
+        self.guard(lambda: self.opened(name).read(h5py.h5s.ALL, h5py.h5s.ALL, out, memory_type(out.dtype)), name)
         return out
 
     def read_into(self, name: str, rows: slice, out: np.ndarray) -> None:

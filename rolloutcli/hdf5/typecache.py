@@ -24,6 +24,18 @@ from h5py._hl.base import array_for_new_object  # h5py's own making of an attrib
 _LIMIT = 256  # types kept per cache (a file has a handful; a hostile one cannot grow the cache)
 _MEMORY: dict[tuple[Any, ...], h5py.h5t.TypeID] = {}
 _NUMPY: dict[bytes, np.dtype] = {}
+_SPACES: dict[tuple[int, ...], h5py.h5s.SpaceID] = {}
+
+
+def simple_space(shape: tuple[int, ...]) -> h5py.h5s.SpaceID:
+    """``h5py.h5s.create_simple(shape)`` (rank 0: a scalar space), made once per shape (~11 us each; an output
+    creates two dozen objects, most of a few shapes). libhdf5 copies a space it is given: never modify it."""
+    found = _SPACES.get(shape)
+    if found is None:
+        found = h5py.h5s.create_simple(shape)
+        if len(_SPACES) < _LIMIT:
+            _SPACES[shape] = found
+    return found
 
 
 def memory_type(dtype: np.dtype, logical: bool = False) -> h5py.h5t.TypeID:
@@ -96,7 +108,7 @@ def create_attr(obj: Any, name: str, value: Any, dtype: Any = None) -> None:
     key, oid = name.encode(), obj.id
     if h5py.h5a.exists(oid, key):
         h5py.h5a.delete(oid, key)
-    attr = h5py.h5a.create(oid, key, memory_type(dtype, logical=True), h5py.h5s.create_simple(data.shape))
+    attr = h5py.h5a.create(oid, key, memory_type(dtype, logical=True), simple_space(data.shape))
     try:
         attr.write(data, mtype=memory_type(dtype))
     except BaseException:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -23,10 +22,11 @@ import numpy as np
 
 from rolloutcli.core.host import numpy_storable
 from rolloutcli.errors import EXIT_IO, RolloutError
-from rolloutcli.hdf5.listing import selects_all
+from rolloutcli.hdf5.listing import attr_names, selects_all
 from rolloutcli.hdf5.listing import text as listing_text
+from rolloutcli.hdf5.references import DANGLING, holds_references, repoint, row_blocks
 from rolloutcli.hdf5.safety import HDF5_ERRORS, system_errno, translate_write_error
-from rolloutcli.hdf5.typecache import create_attr, memory_type, read_attr_typed, stored_dtype
+from rolloutcli.hdf5.typecache import create_attr, memory_type, read_attr_typed, simple_space, stored_dtype
 
 if TYPE_CHECKING:  # tensors are recognised by duck typing: `gae` on the CPU never imports torch
     import torch
@@ -46,38 +46,52 @@ def to_numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
 
 OUTPUT_CACHE = 256 << 10  # an output's metadata cache, counted as libhdf5 counts it (``cap_metadata_cache``)
 OPEN_DATASETS = 256  # datasets an output keeps open between writes (a small file's output has a dozen)
-# A dataset open for writing and its shape (``DatasetID.shape`` costs ~15 us, as much as a small file's write).
-Target = tuple[h5py.Dataset, tuple[int, ...]]
+# A dataset open for writing, its shape and its dtype (``DatasetID.shape`` and ``.dtype`` cost ~15 us each, as much
+# as a small file's write; an ``h5py.Dataset`` around it ~25 us, made only for a write of part of it).
+Target = tuple[h5py.h5d.DatasetID, tuple[int, ...], np.dtype]
 
 
 def _fills(shape: tuple[int, ...], dtype: np.dtype, index: tuple[Any, ...], array: np.ndarray) -> bool:
     """Whether ``dataset[index] = array`` writes all of a dataset of ``shape`` and ``dtype`` from a C-ordered
-    ``array`` of its shape and plain numeric dtype (then it is written whole, with the same bytes)."""
-    if array.shape != shape or array.dtype != dtype or dtype.kind not in "iuf" or not array.flags.c_contiguous:
+    ``array`` of its shape and plain numeric or bool dtype (then it is written whole, with the same bytes)."""
+    if array.shape != shape or array.dtype != dtype or dtype.kind not in "biuf" or not array.flags.c_contiguous:
         return False
     return array.size > 0 and selects_all(index, shape)
 
 
-def new_dataset(parent: Any, name: str, shape: tuple[int, ...], dtype: Any) -> h5py.Dataset:
-    """An empty contiguous dataset ``name`` under the existing groups of ``parent`` (an h5py File or Group),
-    without modification times: what ``parent.create_dataset(name, shape=, dtype=, track_times=False)`` makes
-    (the same bytes), through the low-level API (h5py's costs ~0.15 ms, ~0.05 of it its own: a small file's
-    output creates a dozen)."""
-    tid = dtype.id if isinstance(dtype, h5py.Datatype) else memory_type(np.dtype(dtype), logical=True)
+@functools.cache
+def _untimed_dataset() -> h5py.h5p.PropDCID:
+    """Dataset creation without modification times, made once (libhdf5 copies it into each dataset)."""
     plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     plist.set_obj_track_times(False)
-    space = h5py.h5s.create_simple(tuple(shape)) if len(shape) else h5py.h5s.create(h5py.h5s.SCALAR)
-    return h5py.Dataset(h5py.h5d.create(parent.id, name.encode(), tid, space, dcpl=plist))
+    return plist
+
+
+def new_dataset(parent: Any, name: str, shape: tuple[int, ...], dtype: Any) -> Target:
+    """An empty contiguous dataset ``name`` under the existing groups of ``parent`` (an h5py File or Group),
+    without modification times: what ``parent.create_dataset(name, shape=, dtype=, track_times=False)`` makes
+    (the same bytes), through the low-level API with its property list and dataspace made once (h5py's costs
+    ~0.15 ms, this ~0.07: a small file's output creates a dozen)."""
+    tid = dtype.id if isinstance(dtype, h5py.Datatype) else memory_type(np.dtype(dtype), logical=True)
+    shape = tuple(shape)
+    found = h5py.h5d.create(parent.id, name.encode(), tid, simple_space(shape), dcpl=_untimed_dataset())
+    return found, shape, stored_dtype(tid)  # the dataset's type is a copy of ``tid``: the same dtype
+
+
+def opened_target(parent: Any, name: str) -> Target:
+    """The existing dataset ``name`` under ``parent``, opened for writes."""
+    found = h5py.h5d.open(parent.id, name.encode())
+    return found, tuple(found.shape), stored_dtype(found.get_type())
 
 
 def write_array(target: Target, index: tuple[Any, ...], array: np.ndarray) -> None:
     """``dataset[index] = array``; all of it, from an array of its shape and dtype, through the low-level write
     (no selection: h5py's costs ~0.2 ms)."""
-    dataset, shape = target
-    if _fills(shape, stored_dtype(dataset.id.get_type()), index, array):  # ``dataset.dtype`` (~35 us), cached
-        dataset.id.write(h5py.h5s.ALL, h5py.h5s.ALL, array, memory_type(array.dtype))
+    dataset, shape, dtype = target
+    if _fills(shape, dtype, index, array):
+        dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, array, memory_type(array.dtype))
     else:
-        dataset[index] = array
+        h5py.Dataset(dataset)[index] = array
 
 
 def _access(low: int) -> h5py.h5p.PropFAID:
@@ -209,7 +223,7 @@ class RolloutOutput:
         if like is not None:
             dtype = self._stored_type(like)
         self._parents(name)
-        self._open(name, (self._do(lambda: new_dataset(self.file, name, shape, dtype)), tuple(shape)))
+        self._open(name, self._do(lambda: new_dataset(self.file, name, shape, dtype)))
 
     def _open(self, name: str, target: Target) -> None:
         """Keep ``target`` open for the writes to come, with at most ``OPEN_DATASETS`` others (the oldest closed
@@ -221,7 +235,7 @@ class RolloutOutput:
 
     def _stored_type(self, name: str) -> Any:
         source = self._source()
-        stored = source.guard(lambda: source.dataset(name).id.get_type(), name)
+        stored = source.guard(lambda: source.opened(name).get_type(), name)
         if stored.committed():
             path = h5py.h5i.get_name(stored).decode("utf-8", "surrogateescape").lstrip("/")
             if path in self.file and isinstance(self.file[path], h5py.Datatype):
@@ -232,8 +246,7 @@ class RolloutOutput:
         """``dataset[index] = value``."""
         array = to_numpy(value)
         if name not in self._objects:  # looked up once, low-level (File[name] costs ~0.12 ms, paid on every block)
-            found = self._do(lambda: h5py.Dataset(h5py.h5d.open(self.file.id, name.encode())))
-            self._open(name, (found, found.shape))
+            self._open(name, self._do(lambda: opened_target(self.file, name)))
         target = self._objects[name]
         self._do(lambda: write_array(target, index, array))
 
@@ -274,7 +287,7 @@ class RolloutOutput:
                 source.handle.copy(source.handle[name], group, name=leaf)
             except (*HDF5_ERRORS, MemoryError) as exc:
                 raise translate_write_error(self.dst, exc, source.path) from exc
-            if name in source.datasets and _holds_references(source.datasets[name].dtype):
+            if name in source.datasets and holds_references(source.datasets[name].dtype):
                 self._references.append((name, target))
 
     def copy_attrs(self, rename: Callable[[str], str | None] = str) -> list[str]:
@@ -298,10 +311,10 @@ class RolloutOutput:
                 continue
             held = source.handle[name] if name else source.handle  # each object looked up once
             out = self.file[target] if target else self.file
-            for key in source.guard(lambda held=held: list(held.attrs), name or None):
+            for key in source.guard(lambda held=held: attr_names(held), name or None):
                 value, dtype = source.guard(lambda held=held, key=key: read_attr_typed(held, key), name or None)
-                value = _repoint(value, source.handle, self.file, rename)
-                if value is _DANGLING:  # an object copy brought it along, pointing into the source: remove it
+                value = repoint(value, source.handle, self.file, rename)
+                if value is DANGLING:  # an object copy brought it along, pointing into the source: remove it
                     dropped.append(f"{name or '/'}@{key}")
                     self.delete_attrs([key], target)
                     continue
@@ -315,10 +328,10 @@ class RolloutOutput:
         source = self._source()
         for name, target in self._references:
             stored, out = source.handle[name], self.file[target]
-            for index in _row_blocks(stored, source.guard(stored.id.get_storage_size, name)):
+            for index in row_blocks(stored, source.guard(stored.id.get_storage_size, name)):
                 data = source.guard(lambda stored=stored, index=index: stored[index], name)
-                value = _repoint(data, source.handle, self.file, rename)
-                if value is _DANGLING:
+                value = repoint(data, source.handle, self.file, rename)
+                if value is DANGLING:
                     raise RolloutError.field(
                         source.path,
                         name,
@@ -327,67 +340,6 @@ class RolloutOutput:
                         "Nothing was written; point the references at datasets the output keeps, or remove them.",
                     )
                 self._do(lambda out=out, index=index, value=value: out.__setitem__(index, value))
-
-
-REPOINT_ITEMS = 1 << 16  # references re-pointed per block (each is a Python object and an HDF5 lookup)
-
-
-def _row_blocks(dataset: h5py.Dataset, stored_bytes: int) -> list[tuple[slice, ...]]:
-    """Indexes of ``dataset`` in blocks of rows of about ``REPOINT_ITEMS`` values (``()``: a scalar); none when
-    nothing was ever written (every value is the fill value: a null reference)."""
-    if not dataset.shape:
-        return [()]
-    if stored_bytes == 0:
-        return []
-    step = max(1, REPOINT_ITEMS // max(math.prod(dataset.shape[1:]), 1))
-    return [(slice(start, start + step),) for start in range(0, dataset.shape[0], step)]
-
-
-def _holds_references(dtype: np.dtype) -> bool:
-    """Whether values of ``dtype`` hold HDF5 object or region references (compound members and variable-length
-    sequences included)."""
-    if dtype.names:
-        return any(_holds_references(dtype.fields[name][0]) for name in dtype.names)
-    if dtype.subdtype is not None:
-        return _holds_references(dtype.subdtype[0])
-    if h5py.check_dtype(ref=dtype) is not None:
-        return True
-    inner = h5py.check_dtype(vlen=dtype)
-    return isinstance(inner, np.dtype) and _holds_references(inner)
-
-
-_DANGLING = object()
-
-
-def _repoint(value: Any, source: h5py.File, out: h5py.File, rename: Callable[[str], str | None]) -> Any:
-    """``value`` with every object reference into ``source`` replaced by one to the renamed object of ``out``;
-    ``_DANGLING`` when one cannot be (no such object, a region reference)."""
-    if isinstance(value, h5py.RegionReference):
-        return _DANGLING
-    if isinstance(value, h5py.Reference):
-        if not value:
-            return value
-        try:
-            target = rename(source[value].name.lstrip("/"))
-        except HDF5_ERRORS:  # the input's own reference points nowhere (its object deleted): no target to keep
-            return _DANGLING
-        return out[target].ref if target is not None and (target == "" or target in out) else _DANGLING
-    if isinstance(value, np.ndarray) and value.dtype.names:
-        copy = value.copy()
-        for field in value.dtype.names:
-            part = _repoint(value[field], source, out, rename)
-            if part is _DANGLING:
-                return _DANGLING
-            copy[field] = part
-        return copy
-    if isinstance(value, np.ndarray) and value.dtype.kind == "O":  # variable-length data: arrays of arrays
-        copy = np.empty(value.shape, dtype=object)
-        for index, item in np.ndenumerate(value):
-            copy[index] = part = _repoint(item, source, out, rename)
-            if part is _DANGLING:
-                return _DANGLING
-        return copy
-    return value
 
 
 def open_for_update(path: Any) -> h5py.File:

@@ -175,7 +175,8 @@ class ShardScatter:
     """One pass of the scatter: items arrive in any order, shards leave complete, in slot order.
 
     ``budget``: bytes of pending pieces kept in memory before they are spilled (to files in ``folder``).
-    ``buffers(size)`` lends ``{name: [size, *row_shape]}`` tensors to assemble a shard into;
+    ``buffers(size, spanned)`` lends ``{name: [size, *row_shape]}`` tensors to assemble a shard into (``spanned``:
+    from pieces of several blocks);
     ``complete(shard, rows)`` receives each shard once all its items arrived (use ``rows`` before the next).
     """
 
@@ -186,7 +187,7 @@ class ShardScatter:
         sizes: Sequence[int],
         budget: int,
         *,
-        buffers: Callable[[int], Rows],
+        buffers: Callable[[int, bool], Rows],
         complete: Callable[[int, Rows], None],
     ) -> None:
         self.sizes = list(sizes)
@@ -219,7 +220,7 @@ class ShardScatter:
                 continue
             self.received[shard] += hi - lo
             if hi - lo == size:  # the whole shard in this block, sorted: slots 0 .. size - 1
-                self.complete(shard, take(order[lo:hi], self.buffers(size)))
+                self.complete(shard, take(order[lo:hi], self.buffers(size, False)))
                 whole[lo:hi] = False
             else:
                 waiting.append(shard)
@@ -232,7 +233,7 @@ class ShardScatter:
             self.spill.add(sorted_pos[start:stop], take(order[start:stop], None))
         for shard in waiting:
             if self.received[shard] == self.sizes[shard]:
-                self.complete(shard, self.spill.assemble(shard, self.buffers(self.sizes[shard])))
+                self.complete(shard, self.spill.assemble(shard, self.buffers(self.sizes[shard], True)))
 
     def finish(self) -> None:
         """Check that every planned item arrived exactly once (an internal error otherwise)."""
@@ -243,7 +244,8 @@ class ShardScatter:
 class Emitter:
     """Hands shards to the writer (files named after the first epoch that uses them) and lends the reused
     buffer sets shards are gathered into: 2 (one written while the next is gathered) or 1 (streamed
-    exports: the shard in flight is waited for first, to keep memory down).
+    exports: the shard in flight is waited for first, to keep memory down). With 2, only a shard gathered from
+    one block uses the second set (see :meth:`buffers`).
     """
 
     def __init__(
@@ -260,28 +262,34 @@ class Emitter:
         self.shard_tensors = shard_tensors
         self.largest = max(max(p.sizes) for p in plan.passes)
         self.buffer_sets = buffer_sets
-        self._buffers: list[Rows] = []
-        self._count = 0
+        self._buffers: dict[int, Rows] = {}  # made when first lent
+        self._lent = 0  # the set lent last (the shard in flight's, if any)
 
     def file_name(self, pass_index: int, shard: int) -> str:
         """``e<epoch>-b<mini-batch>.h5`` of the first epoch that uses the pass."""
         return f"e{self.plan.epoch_pass.index(pass_index):04d}-b{shard:05d}.h5"
 
-    def buffers(self, size: int) -> Rows:
-        """``[size, *row_shape]`` views of the buffer set the next shard may use (reused: warm memory)."""
-        if not self._buffers:
-            self._buffers = [
-                {f.name: torch.empty(self.largest, *f.row_shape, dtype=f.dtype) for f in self.fields}
-                for _ in range(self.buffer_sets)
-            ]
-        if self.buffer_sets == 1:
+    def buffers(self, size: int, spanned: bool = False) -> Rows:
+        """``[size, *row_shape]`` views of the buffer set the next shard may use (reused: warm memory).
+
+        A shard ``spanned`` over blocks (assembled from pieces kept or spilled) waits for the shard in flight and
+        takes its set. Only a shard gathered from one block is filled while the one before is written. Shards
+        of many files are all spanned, and with a fixed shard count they grow with the files: a second set
+        held for them made ``batch -m 16`` of 10,000 small files keep 48 MB more (issue 39), and wait as long.
+        """
+        if spanned or self.buffer_sets == 1:
             self.writer.wait()
-        return {name: buffer[:size] for name, buffer in self._buffers[self._count % self.buffer_sets].items()}
+            index = self._lent  # every set is free: the warm one
+        else:
+            index = 1 - self._lent  # the shard in flight keeps its own
+        if index not in self._buffers:
+            self._buffers[index] = {f.name: torch.empty(self.largest, *f.row_shape, dtype=f.dtype) for f in self.fields}
+        self._lent = index
+        return {name: buffer[:size] for name, buffer in self._buffers[index].items()}
 
     def emit(self, pass_index: int, shard: int, rows: Rows) -> None:
         """Shape and submit one shard (``rows {name: [size, *row_shape]}`` in slot order)."""
         self.writer.submit(self.file_name(pass_index, shard), self.shard_tensors(pass_index, shard, rows))
-        self._count += 1
         self.progress.advance()
 
     def entries(self) -> list[dict[str, Any]]:
