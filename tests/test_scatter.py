@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rolloutcli.pipeline.scatter import Field, ShardScatter
+from rolloutcli.pipeline.progress import Progress
+from rolloutcli.pipeline.scatter import Emitter, Field, ShardScatter
 
 FIELDS = [Field("x", "x", "observations", torch.float32, (3,)), Field("d", "d", "dones", torch.bool, ())]
 
@@ -65,3 +68,47 @@ def test_every_shard_is_complete_and_exact(sizes: list[int], dropped: int, seed:
         which = [int((positions == p).nonzero()) for p in range(lo, hi)]  # the item at each slot
         for name, value in rows.items():
             assert torch.equal(value, items[name][which])
+
+
+class _Writer:
+    """``ShardWriter``'s contract: ``submit`` queues a shard once the one before is written; ``wait`` ends the one
+    in flight. Records the buffers of the shard in flight."""
+
+    def __init__(self) -> None:
+        self.flight: int | None = None
+
+    def submit(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        self.flight = tensors["x"].data_ptr()
+
+    def wait(self) -> None:
+        self.flight = None
+
+
+def _emitter(writer: _Writer, buffer_sets: int = 2) -> Emitter:
+    plan: Any = SimpleNamespace(passes=[SimpleNamespace(sizes=[4] * 8)], epoch_pass=[0])
+    return Emitter(plan, writer, FIELDS, Progress(), lambda _, __, rows: rows, buffer_sets=buffer_sets)  # type: ignore[arg-type]
+
+
+def test_only_shards_from_one_block_take_a_second_buffer_set() -> None:
+    """A shard assembled from pieces (``spanned``) waits for the shard in flight and takes its buffers; a shard
+    gathered from one block is filled while the one before is written, never into its buffers. Shards that are
+    all assembled (a dataset of many files) so hold one set: a second grew with the shards (issue 39)."""
+    writer = _Writer()
+    emitter, lent = _emitter(writer), []
+    for shard, spanned in enumerate([False, False, True, True, False, True, False, False]):
+        rows = emitter.buffers(4, spanned)
+        pointer = rows["x"].data_ptr()
+        assert pointer != writer.flight  # never the buffers being written
+        assert writer.flight is None or not spanned  # an assembled shard waited first
+        lent.append(pointer)
+        emitter.emit(0, shard, rows)
+    assert len(set(lent)) == 2
+    for buffer_sets, spanned in ((2, True), (1, False)):  # every shard assembled; one set asked for
+        writer, lent = _Writer(), []
+        emitter = _emitter(writer, buffer_sets)
+        for shard in range(4):
+            rows = emitter.buffers(4, spanned)
+            assert writer.flight is None
+            lent.append(rows["x"].data_ptr())
+            emitter.emit(0, shard, rows)
+        assert len(set(lent)) == 1
