@@ -11,7 +11,8 @@ process after its imports:
 - ``batch`` and ``export --to d4rl`` (one output for every input): open the file and read every dataset.
 
 ``batch`` runs twice: ``-m 16`` (the wall figure) and ``--batch-size 400`` (shards of one size on 100 files and on
-all of them: the memory figure of the file count alone; ``-m 16`` also holds two shards 100 times larger).
+all of them: the memory figure of the file count alone; ``-m 16`` also holds a shard 100 times larger, and
+twice that while the first is laid out).
 Each command runs as a CLI subprocess with ``--workers 1`` (and ``gae`` with ``--workers 2``, for the CPU
 efficiency: CPU(workers 2) / CPU(workers 1), every process counted, goal at most 1.3x). Goals (issue 39): wall
 time per file at most 2x the reference's; peak RSS of the driver and of the other processes on all files within
@@ -99,8 +100,9 @@ def reference(files: list[Path], kind: str, out: Path) -> tuple[float, float]:
 
 
 # a label: the command and its arguments after the input, the reference kind, the input (recordings or their gae
-# outputs). ``batch -m 16`` makes shards 100 times larger on all the files than on 100 of them, and holds two
-# while it writes; ``batch --batch-size 400`` makes shards of one size on both (400 rows: 16 of them on 100 files),
+# outputs). ``batch -m 16`` makes shards 100 times larger on all the files than on 100 of them, holds one while
+# it writes, and the file image of one while the first is laid out; ``batch --batch-size 400`` makes shards of one
+# size on both (400 rows: 16 of them on 100 files),
 # so its memory figure is what the file count alone adds.
 COMMANDS: dict[str, tuple[list[str], str, str]] = {
     "inspect": (["inspect", "--json"], "inspect", "runs"),
