@@ -5,6 +5,7 @@ differ from D4RL's conventions, and the round trip through rolloutcli's ``import
 from __future__ import annotations
 
 import collections
+import json
 import tempfile
 from pathlib import Path
 
@@ -223,3 +224,16 @@ def test_unwritable_output_is_an_io_error(tmp_path: Path) -> None:
         export_d4rl(out, made.plan, made.chunks, None)
     assert error.value.exit_code == 3
     assert str(error.value).startswith(f"{out}: cannot write the output (")
+
+
+def test_the_commands_warnings_go_to_stderr_and_json_keeps_them(tmp_path: Path, cli) -> None:
+    """As every command's: a warning is one line on stderr, none with -q; the summary on stdout holds none."""
+    src = Path(__file__).resolve().parent.parent / "sample_data" / "cartpole_gru.h5"
+    wanted = "warning: d4rl has no place for actions_log_prob, distribution, hidden_states, last_values, "
+    code, out, err = cli("export", src, "--to", "d4rl", "-o", tmp_path / "a.hdf5")
+    assert code == 0, err
+    assert "warning:" not in out and any(line.startswith(wanted) for line in err.splitlines()), err
+    code, out, err = cli("export", src, "--to", "d4rl", "-o", tmp_path / "b.hdf5", "-q")
+    assert code == 0 and out == "" and "warning:" not in err, err
+    code, out, err = cli("export", src, "--to", "d4rl", "-o", tmp_path / "c.hdf5", "--json")
+    assert code == 0 and any(w.startswith(wanted[9:]) for w in json.loads(out)["warnings"]), out

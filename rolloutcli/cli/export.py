@@ -52,8 +52,6 @@ def render_export(console: Console, summary: dict[str, Any]) -> None:
             f"validation: {summary['valid_episodes']} episodes, {summary['valid_steps']} steps (by {split['by']}, "
             f"fraction {split['fraction']}, seed {split['seed']})"
         )
-    for warning in summary["warnings"]:
-        console.print(f"warning: {warning}")
     console.print(f"done in {summary['seconds']:.2f} s")
 
 

@@ -128,6 +128,8 @@ def run_export(
         chunks = _counted(read_chunks(plan, run.max_memory, run.safety), progress)
         warnings = write(tmp, plan, chunks, valid, label=dst)
     progress.finish()
+    for warning in warnings:  # on stderr, as every command's; kept in the summary too (--json)
+        progress.warn(warning)
     held_out = [ep for ep in plan.episodes if valid is not None and valid(ep)]
     return {
         "input": str(dataset.root if dataset.many else dataset.files[0]),
